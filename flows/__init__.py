@@ -1,0 +1,70 @@
+"""flows: normalizing flows for PyTorch with exact log-determinant bookkeeping.
+
+Direction convention: a transform's forward direction maps data ``x`` to latent ``z``, and
+``log p(x) = log p_Z(f(x)) + log|det J_f(x)|``. Sampling runs the inverse.
+"""
+
+from flows.architectures import NICE, RealNVP
+from flows.auxiliary import AuxiliaryLosses, add_auxiliary_loss
+from flows.bijections import (
+    ActNorm,
+    ActNorm2d,
+    AdditiveCoupling,
+    AdditiveTransformer,
+    Affine,
+    AffineCoupling,
+    AffineTransformer,
+    Bijection,
+    Chain,
+    Coupling,
+    Elementwise,
+    Inverse,
+    InverseNotAvailable,
+    Logit,
+    LULinear,
+    Permutation,
+    Reverse,
+    Sigmoid,
+    Transformer,
+)
+from flows.distributions import DiagNormal, Distribution, StandardNormal
+from flows.flow import Flow, evaluating
+from flows.nn import MLP
+from flows.testing import BijectionCheckError, check_bijection
+
+__version__ = "0.1.0"
+
+__all__ = [
+    "MLP",
+    "NICE",
+    "ActNorm",
+    "ActNorm2d",
+    "AdditiveCoupling",
+    "AdditiveTransformer",
+    "Affine",
+    "AffineCoupling",
+    "AffineTransformer",
+    "AuxiliaryLosses",
+    "Bijection",
+    "BijectionCheckError",
+    "Chain",
+    "Coupling",
+    "DiagNormal",
+    "Distribution",
+    "Elementwise",
+    "Flow",
+    "Inverse",
+    "InverseNotAvailable",
+    "LULinear",
+    "Logit",
+    "Permutation",
+    "RealNVP",
+    "Reverse",
+    "Sigmoid",
+    "StandardNormal",
+    "Transformer",
+    "__version__",
+    "add_auxiliary_loss",
+    "check_bijection",
+    "evaluating",
+]

@@ -1,0 +1,109 @@
+"""Input checks shared by transforms, distributions and flows: clear "expected ..., got ..." errors."""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+
+import torch
+from torch import Tensor
+
+__all__ = [
+    "Shape",
+    "as_shape",
+    "check_context",
+    "check_event",
+    "check_finite",
+    "check_like",
+    "format_shape",
+    "shapes_match",
+]
+
+
+Shape = tuple[int | None, ...]
+
+
+def as_shape(shape: int | Sequence[int | None], name: str = "shape", *, allow_none: bool = True) -> Shape:
+    """Normalise an ``int`` or a sequence of sizes to a tuple of positive ints.
+
+    ``None`` entries (when allowed) stand for "any size", e.g. the height and width of a
+    convolutional layer's ``(C, None, None)`` event.
+
+    Raises:
+        ValueError: if an entry is not a positive integer (or ``None`` when allowed).
+    """
+    if isinstance(shape, int):
+        shape = (shape,)
+    try:
+        out = tuple(None if (s is None and allow_none) else int(s) for s in shape)
+    except (TypeError, ValueError) as error:
+        raise ValueError(f"{name} must be an int or a sequence of ints, got {shape!r}") from error
+    if any(s is not None and s <= 0 for s in out):
+        raise ValueError(f"{name} must contain positive sizes, got {out}")
+    return out
+
+
+def shapes_match(a: Sequence[int | None], b: Sequence[int | None]) -> bool:
+    """Whether two event shapes agree, ``None`` matching any size."""
+    return len(a) == len(b) and all(p is None or q is None or p == q for p, q in zip(a, b, strict=True))
+
+
+def format_shape(shape: Sequence[int | None]) -> str:
+    """``(3, None, None)`` → ``"(3, H, W)"``-style text for messages (``*`` for free sizes)."""
+    return "(" + ", ".join("*" if s is None else str(s) for s in shape) + ("," if len(shape) == 1 else "") + ")"
+
+
+def check_event(x: Tensor, event_shape: Sequence[int | None], who: str, what: str = "input") -> None:
+    """Raise if the trailing dimensions of ``x`` are not ``event_shape`` (``None`` = any size).
+
+    Args:
+        x: tensor of shape ``(*batch, *event_shape)``.
+        event_shape: the expected event shape.
+        who: name of the object doing the check, used in the message.
+        what: name of the argument, used in the message.
+    """
+    if not isinstance(x, Tensor):
+        raise TypeError(f"{who}: expected {what} to be a torch.Tensor, got {type(x).__name__}")
+    n = len(event_shape)
+    if x.dim() < n or not shapes_match(x.shape[x.dim() - n :], event_shape):
+        expected = ", ".join("*" if s is None else str(s) for s in event_shape)
+        raise ValueError(f"{who}: expected {what} of shape (*batch, {expected}), got {tuple(x.shape)}")
+
+
+def check_finite(x: Tensor, who: str, what: str = "input") -> None:
+    """Raise if ``x`` holds NaN or infinite values, naming how many and where the first one is."""
+    finite = torch.isfinite(x)
+    if not bool(finite.all()):
+        bad = (~finite).nonzero()
+        raise ValueError(
+            f"{who}: expected a finite {what}, got {bad.shape[0]} NaN/Inf value(s), "
+            f"the first at index {tuple(bad[0].tolist())}; "
+            "pass check_finite=False to skip this check"
+        )
+
+
+def check_like(x: Tensor, reference: Tensor | None, who: str, what: str = "input") -> None:
+    """Raise if ``x`` does not have the dtype and device of ``reference`` (a parameter or buffer)."""
+    if reference is None:
+        return
+    if not x.is_floating_point():
+        raise TypeError(f"{who}: expected a floating-point {what}, got dtype {x.dtype}")
+    if x.dtype != reference.dtype or x.device != reference.device:
+        raise TypeError(
+            f"{who}: expected {what} with dtype {reference.dtype} on {reference.device} "
+            f"(the module's), got dtype {x.dtype} on {x.device}; "
+            "move the data or the module with .to(...)"
+        )
+
+
+def check_context(context: Tensor | None, features: int, who: str) -> None:
+    """Raise if a context is missing, unexpected or of the wrong width."""
+    if features == 0:
+        if context is not None:
+            raise ValueError(f"{who}: this module is unconditional (context=0), got a context tensor")
+        return
+    if context is None:
+        raise ValueError(f"{who}: expected a context of shape (*batch, {features}), got None")
+    if not isinstance(context, Tensor):
+        raise TypeError(f"{who}: expected context to be a torch.Tensor, got {type(context).__name__}")
+    if context.dim() == 0 or context.shape[-1] != features:
+        raise ValueError(f"{who}: expected a context of shape (*batch, {features}), got {tuple(context.shape)}")

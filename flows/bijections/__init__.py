@@ -1,0 +1,33 @@
+"""Bijections: the transform contract and every invertible layer of the library."""
+
+from flows.bijections.base import Bijection, Chain, Inverse, InverseNotAvailable
+from flows.bijections.coupling import AdditiveCoupling, AffineCoupling, Coupling, alternating_mask, half_mask
+from flows.bijections.elementwise import Affine, Elementwise, Logit, Sigmoid
+from flows.bijections.linear import LULinear
+from flows.bijections.normalization import ActNorm, ActNorm2d
+from flows.bijections.permutation import Permutation, Reverse
+from flows.bijections.transformers import AdditiveTransformer, AffineTransformer, Transformer
+
+__all__ = [
+    "ActNorm",
+    "ActNorm2d",
+    "AdditiveCoupling",
+    "AdditiveTransformer",
+    "Affine",
+    "AffineCoupling",
+    "AffineTransformer",
+    "Bijection",
+    "Chain",
+    "Coupling",
+    "Elementwise",
+    "Inverse",
+    "InverseNotAvailable",
+    "LULinear",
+    "Logit",
+    "Permutation",
+    "Reverse",
+    "Sigmoid",
+    "Transformer",
+    "alternating_mask",
+    "half_mask",
+]

@@ -1,0 +1,225 @@
+"""The bijection contract: :class:`Bijection`, :class:`Inverse`, :class:`Chain` and :class:`InverseNotAvailable`."""
+
+from __future__ import annotations
+
+from collections.abc import Iterator, Sequence
+
+import torch
+from torch import Tensor, nn
+
+from flows._validation import as_shape, check_event, format_shape, shapes_match
+
+__all__ = ["Bijection", "Chain", "Inverse", "InverseNotAvailable", "sum_event_dims"]
+
+
+def sum_event_dims(t: Tensor, event_ndim: int, batch_shape: torch.Size) -> Tensor:
+    """Sum an elementwise log-determinant over the last ``event_ndim`` dims and expand to ``batch_shape``.
+
+    ``t`` must hold the full event shape in its trailing dimensions; it may lack (some of) the
+    batch dimensions (e.g. a parameter of event shape), in which case the summed result is
+    expanded (a view) to ``batch_shape``.
+    """
+    if event_ndim:
+        t = t.sum(dim=tuple(range(-event_ndim, 0)))
+    return t.expand(batch_shape)
+
+
+class InverseNotAvailable(NotImplementedError):
+    """Raised by a transform that has no closed-form inverse in its current configuration.
+
+    The message names the class and the reason (for example, a batch-norm layer in train mode).
+    """
+
+
+class Bijection(nn.Module):
+    r"""Base class of every transform: an invertible map with its log-absolute-determinant.
+
+    Direction convention (the whole library follows it): the **forward** direction maps data
+    :math:`x` to latent :math:`z = f(x)`; sampling runs the inverse. A flow's density is
+
+    .. math:: \log p(x) = \log p_Z(f(x)) + \log |\det J_f(x)|.
+
+    Shape contract:
+
+    * inputs are ``(*batch, *event_shape)`` with any number (including zero) of leading batch
+      dimensions; outputs of the forward direction are ``(*batch, *event_shape_out)``;
+    * the log-absolute-determinant of the Jacobian (``ladj``) has shape ``batch``: it is already
+      summed over the event dimensions (image transforms include the ``H·W`` factor);
+    * every method takes ``context=None`` (a tensor ``(*batch, context_features)`` for conditional
+      transforms, ignored by unconditional ones).
+
+    Subclasses implement :meth:`forward_and_log_det` and, when a closed-form inverse exists,
+    :meth:`inverse_and_log_det`. :meth:`forward`, :meth:`inverse` and :attr:`inv` are derived.
+
+    Args:
+        event_shape: shape of one event on the data side (an ``int`` means a vector). ``None``
+            entries mean "any size" (e.g. ``(C, None, None)`` for a convolutional layer).
+        event_shape_out: shape of one event on the latent side; defaults to ``event_shape``.
+
+    Example:
+        >>> import torch
+        >>> from flows import Affine
+        >>> t = Affine(3)
+        >>> x = torch.randn(5, 3)
+        >>> z, ladj = t.forward_and_log_det(x)
+        >>> z.shape, ladj.shape
+        (torch.Size([5, 3]), torch.Size([5]))
+        >>> torch.allclose(t.inverse(z), x)
+        True
+    """
+
+    def __init__(
+        self,
+        event_shape: int | Sequence[int],
+        event_shape_out: int | Sequence[int] | None = None,
+    ) -> None:
+        super().__init__()
+        self.event_shape = as_shape(event_shape, "event_shape")
+        self.event_shape_out = (
+            self.event_shape if event_shape_out is None else as_shape(event_shape_out, "event_shape_out")
+        )
+
+    # -- the contract -------------------------------------------------------------------------
+    def forward_and_log_det(self, x: Tensor, context: Tensor | None = None) -> tuple[Tensor, Tensor]:
+        """Map data to latent: returns ``(z, ladj)`` with ``ladj = log|det ∂z/∂x|`` of shape ``batch``."""
+        raise NotImplementedError(f"{type(self).__name__} does not implement forward_and_log_det")
+
+    def inverse_and_log_det(self, z: Tensor, context: Tensor | None = None) -> tuple[Tensor, Tensor]:
+        """Map latent to data: returns ``(x, ladj)`` with ``ladj = log|det ∂x/∂z|`` of shape ``batch``."""
+        raise InverseNotAvailable(f"{type(self).__name__} has no closed-form inverse")
+
+    # -- derived conveniences -----------------------------------------------------------------
+    def forward(self, x: Tensor, context: Tensor | None = None) -> Tensor:
+        check_event(x, self.event_shape, type(self).__name__)
+        return self.forward_and_log_det(x, context)[0]
+
+    def inverse(self, z: Tensor, context: Tensor | None = None) -> Tensor:
+        """Map latent to data and return the tensor only."""
+        check_event(z, self.event_shape_out, type(self).__name__, "latent input")
+        return self.inverse_and_log_det(z, context)[0]
+
+    @property
+    def inv(self) -> Bijection:
+        """The inverse transform (swaps the two fused methods; no copy, shares parameters)."""
+        return Inverse(self)
+
+    def batch_shape(self, x: Tensor) -> torch.Size:
+        """The batch part of ``x.shape`` for an input on the data side."""
+        return x.shape[: x.dim() - len(self.event_shape)]
+
+    def extra_repr(self) -> str:
+        if self.event_shape == self.event_shape_out:
+            return f"event_shape={format_shape(self.event_shape)}"
+        return f"event_shape={format_shape(self.event_shape)}, event_shape_out={format_shape(self.event_shape_out)}"
+
+
+class Inverse(Bijection):
+    """The inverse of a transform: ``Inverse(t).forward_and_log_det`` is ``t.inverse_and_log_det``.
+
+    Parameters are shared with ``t``; ``Inverse(t).inv`` returns ``t`` itself.
+
+    Args:
+        transform: the transform to invert.
+
+    Example:
+        >>> import torch
+        >>> from flows import Affine
+        >>> t = Affine(2)
+        >>> x = torch.randn(4, 2)
+        >>> torch.allclose(t.inv(t(x)), x)
+        True
+    """
+
+    def __init__(self, transform: Bijection) -> None:
+        if not isinstance(transform, Bijection):
+            raise TypeError(f"Inverse: expected a Bijection, got {type(transform).__name__}")
+        super().__init__(transform.event_shape_out, transform.event_shape)
+        self.transform = transform
+
+    def forward_and_log_det(self, x: Tensor, context: Tensor | None = None) -> tuple[Tensor, Tensor]:
+        return self.transform.inverse_and_log_det(x, context)
+
+    def inverse_and_log_det(self, z: Tensor, context: Tensor | None = None) -> tuple[Tensor, Tensor]:
+        return self.transform.forward_and_log_det(z, context)
+
+    @property
+    def inv(self) -> Bijection:
+        return self.transform
+
+    def extra_repr(self) -> str:
+        return ""
+
+
+class Chain(Bijection):
+    r"""Composition of transforms applied **in list order** in the forward direction.
+
+    ``Chain(t1, t2, t3)`` maps :math:`x \mapsto t_3(t_2(t_1(x)))` and sums the log-determinants;
+    the inverse runs the members' inverses in reverse order. Neighbouring event shapes are checked
+    at construction.
+
+    Supports ``len``, iteration, integer indexing and slicing (a slice is a new ``Chain`` sharing
+    the members).
+
+    Args:
+        *transforms: one or more transforms.
+
+    Raises:
+        ValueError: if the chain is empty or two neighbours disagree on the event shape.
+
+    Example:
+        >>> import torch
+        >>> from flows import Affine, Chain, Reverse
+        >>> chain = Chain(Affine(3), Reverse(3))
+        >>> z, ladj = chain.forward_and_log_det(torch.randn(2, 3))
+        >>> len(chain), ladj.shape
+        (2, torch.Size([2]))
+    """
+
+    def __init__(self, *transforms: Bijection) -> None:
+        if len(transforms) == 1 and isinstance(transforms[0], (list, tuple)):
+            transforms = tuple(transforms[0])
+        if not transforms:
+            raise ValueError("Chain: expected at least one transform, got none")
+        for i, t in enumerate(transforms):
+            if not isinstance(t, Bijection):
+                raise TypeError(f"Chain: member {i} must be a Bijection, got {type(t).__name__}")
+        for i in range(1, len(transforms)):
+            before, after = transforms[i - 1], transforms[i]
+            if not shapes_match(before.event_shape_out, after.event_shape):
+                raise ValueError(
+                    f"Chain: member {i - 1} ({type(before).__name__}) outputs events of shape "
+                    f"{format_shape(before.event_shape_out)} but member {i} ({type(after).__name__}) "
+                    f"expects {format_shape(after.event_shape)}"
+                )
+        super().__init__(transforms[0].event_shape, transforms[-1].event_shape_out)
+        self.transforms = nn.ModuleList(transforms)
+
+    def __len__(self) -> int:
+        return len(self.transforms)
+
+    def __iter__(self) -> Iterator[Bijection]:
+        return iter(self.transforms)
+
+    def __getitem__(self, index: int | slice) -> Bijection:
+        if isinstance(index, slice):
+            return Chain(*self.transforms[index])
+        return self.transforms[index]
+
+    def forward_and_log_det(self, x: Tensor, context: Tensor | None = None) -> tuple[Tensor, Tensor]:
+        check_event(x, self.event_shape, "Chain")
+        ladj = None
+        for t in self.transforms:
+            x, term = t.forward_and_log_det(x, context)
+            ladj = term if ladj is None else ladj + term
+        return x, ladj
+
+    def inverse_and_log_det(self, z: Tensor, context: Tensor | None = None) -> tuple[Tensor, Tensor]:
+        check_event(z, self.event_shape_out, "Chain", "latent input")
+        ladj = None
+        for t in reversed(self.transforms):
+            z, term = t.inverse_and_log_det(z, context)
+            ladj = term if ladj is None else ladj + term
+        return z, ladj
+
+    def extra_repr(self) -> str:
+        return ""

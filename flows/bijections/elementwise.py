@@ -1,0 +1,181 @@
+"""Elementwise transforms: free-parameter transformers (:class:`Affine`), :class:`Sigmoid` and :class:`Logit`."""
+
+from __future__ import annotations
+
+import math
+from collections.abc import Sequence
+
+import torch
+import torch.nn.functional as F
+from torch import Tensor, nn
+
+from flows.bijections.base import Bijection, sum_event_dims
+from flows.bijections.transformers import AffineTransformer, Transformer
+
+__all__ = ["Affine", "Elementwise", "Logit", "Sigmoid"]
+
+
+class Elementwise(Bijection):
+    r"""An elementwise transformer with its own free (unconditional) parameters, one set per element.
+
+    :math:`z_i = \tau(x_i; \theta_i)`, :math:`\log|\det J| = \sum_i \log \tau'(x_i; \theta_i)`,
+    where :math:`\theta` is a learnable tensor of shape ``(*event_shape, params_per_dim)``
+    initialised at the transformer's identity.
+
+    Args:
+        event_shape: shape of one event.
+        transformer: the elementwise map (e.g. :class:`~flows.bijections.transformers.AffineTransformer`).
+
+    Example:
+        >>> import torch
+        >>> from flows.bijections.transformers import AffineTransformer
+        >>> t = Elementwise(3, AffineTransformer(clamp=None))
+        >>> torch.equal(t(torch.ones(2, 3)), torch.ones(2, 3))  # identity at initialisation
+        True
+    """
+
+    def __init__(self, event_shape: int | Sequence[int], transformer: Transformer) -> None:
+        super().__init__(event_shape)
+        self.transformer = transformer
+        identity = transformer.identity_params()
+        self.params = nn.Parameter(identity.expand(*self.event_shape, identity.shape[-1]).clone())
+
+    def forward_and_log_det(self, x: Tensor, context: Tensor | None = None) -> tuple[Tensor, Tensor]:
+        z, ladj = self.transformer.forward_and_log_det(x, self.params)
+        return z, sum_event_dims(ladj, len(self.event_shape), self.batch_shape(x))
+
+    def inverse_and_log_det(self, z: Tensor, context: Tensor | None = None) -> tuple[Tensor, Tensor]:
+        x, ladj = self.transformer.inverse_and_log_det(z, self.params)
+        return x, sum_event_dims(ladj, len(self.event_shape), self.batch_shape(x))
+
+
+class Affine(Elementwise):
+    r"""Learnable elementwise affine map :math:`z = x \odot e^{s} + t` (identity at initialisation).
+
+    * forward: :math:`z = x e^{s} + t`, :math:`\log|\det J| = \sum_i s_i`;
+    * inverse: :math:`x = (z - t) e^{-s}`.
+
+    Args:
+        event_shape: shape of one event; ``s`` and ``t`` have this shape.
+        shift: initial ``t`` (scalar or broadcastable to ``event_shape``).
+        log_scale: initial ``s``.
+
+    Example:
+        >>> import torch
+        >>> t = Affine(2, shift=1.0, log_scale=0.0)
+        >>> t(torch.zeros(1, 2)).tolist()
+        [[1.0, 1.0]]
+    """
+
+    def __init__(
+        self,
+        event_shape: int | Sequence[int],
+        *,
+        shift: float | Tensor = 0.0,
+        log_scale: float | Tensor = 0.0,
+    ) -> None:
+        super().__init__(event_shape, AffineTransformer(clamp=None))
+        with torch.no_grad():
+            self.params[..., 0] = torch.as_tensor(shift, dtype=self.params.dtype)
+            self.params[..., 1] = torch.as_tensor(log_scale, dtype=self.params.dtype)
+
+
+def _check_unit_interval(x: Tensor, who: str, closed: bool) -> None:
+    low, high = torch.aminmax(x.detach()) if x.numel() else (None, None)
+    if low is None:
+        return
+    outside = (low < 0 or high > 1) if closed else (low <= 0 or high >= 1)
+    if outside or not torch.isfinite(low) or not torch.isfinite(high):
+        interval = "[0, 1]" if closed else "(0, 1)"
+        raise ValueError(f"{who}: expected inputs in {interval}, got values in [{low.item():.6g}, {high.item():.6g}]")
+
+
+class Logit(Bijection):
+    r"""Logit preprocessing :math:`z = \operatorname{logit}(\alpha + (1 - 2\alpha) x)` for data in ``(0, 1)``.
+
+    With :math:`u = \alpha + (1-2\alpha)x`:
+
+    * forward: :math:`z = \log u - \log(1-u)`,
+      :math:`\log|\det J| = \sum_i [\log(1-2\alpha) - \log u_i - \log(1-u_i)]`;
+    * inverse: :math:`x = (\sigma(z) - \alpha)/(1-2\alpha)`,
+      :math:`\log|\det J^{-1}| = \sum_i [\log\sigma(z_i) + \log\sigma(-z_i) - \log(1-2\alpha)]`.
+
+    ``alpha > 0`` (RealNVP uses 0.05) keeps the map finite on the closed interval ``[0, 1]``.
+
+    References:
+        Dinh, Sohl-Dickstein, Bengio (2017), "Density estimation using Real NVP", ICLR,
+        arXiv:1605.08803 (Section 4.1).
+
+    Args:
+        event_shape: shape of one event.
+        alpha: squeeze towards the interior, ``0 <= alpha < 0.5``.
+        check_domain: raise on inputs outside the domain (one reduction per call).
+
+    Raises:
+        ValueError: in the forward pass, for inputs outside ``(0, 1)`` (``[0, 1]`` when ``alpha > 0``).
+
+    Example:
+        >>> import torch
+        >>> t = Logit(2)
+        >>> t(torch.tensor([[0.5, 0.5]])).tolist()
+        [[0.0, 0.0]]
+    """
+
+    def __init__(self, event_shape: int | Sequence[int], *, alpha: float = 0.0, check_domain: bool = True) -> None:
+        super().__init__(event_shape)
+        if not 0.0 <= alpha < 0.5:
+            raise ValueError(f"Logit: expected 0 <= alpha < 0.5, got {alpha}")
+        self.alpha = float(alpha)
+        self.check_domain = check_domain
+
+    def forward_and_log_det(self, x: Tensor, context: Tensor | None = None) -> tuple[Tensor, Tensor]:
+        if self.check_domain:
+            _check_unit_interval(x, type(self).__name__, closed=self.alpha > 0)
+        u = self.alpha + (1 - 2 * self.alpha) * x if self.alpha else x
+        log_u, log_1mu = torch.log(u), torch.log1p(-u)
+        ladj = math.log1p(-2 * self.alpha) - log_u - log_1mu
+        return log_u - log_1mu, sum_event_dims(ladj, len(self.event_shape), self.batch_shape(x))
+
+    def inverse_and_log_det(self, z: Tensor, context: Tensor | None = None) -> tuple[Tensor, Tensor]:
+        ladj = F.logsigmoid(z) + F.logsigmoid(-z) - math.log1p(-2 * self.alpha)
+        x = torch.sigmoid(z)
+        if self.alpha:
+            x = (x - self.alpha) / (1 - 2 * self.alpha)
+        return x, sum_event_dims(ladj, len(self.event_shape), self.batch_shape(z))
+
+    def extra_repr(self) -> str:
+        return f"{super().extra_repr()}, alpha={self.alpha}"
+
+
+class Sigmoid(Bijection):
+    r"""Elementwise logistic sigmoid :math:`z = \sigma(x)` from the real line to ``(0, 1)``.
+
+    * forward: :math:`\log|\det J| = \sum_i [\log\sigma(x_i) + \log\sigma(-x_i)]`;
+    * inverse: :math:`x = \operatorname{logit}(z)`, defined for ``z`` in ``(0, 1)`` only.
+
+    Args:
+        event_shape: shape of one event.
+        check_domain: raise on inverse inputs outside ``(0, 1)``.
+
+    Raises:
+        ValueError: in the inverse pass, for inputs outside ``(0, 1)``.
+
+    Example:
+        >>> import torch
+        >>> Sigmoid(1)(torch.zeros(1, 1)).item()
+        0.5
+    """
+
+    def __init__(self, event_shape: int | Sequence[int], *, check_domain: bool = True) -> None:
+        super().__init__(event_shape)
+        self.check_domain = check_domain
+
+    def forward_and_log_det(self, x: Tensor, context: Tensor | None = None) -> tuple[Tensor, Tensor]:
+        ladj = F.logsigmoid(x) + F.logsigmoid(-x)
+        return torch.sigmoid(x), sum_event_dims(ladj, len(self.event_shape), self.batch_shape(x))
+
+    def inverse_and_log_det(self, z: Tensor, context: Tensor | None = None) -> tuple[Tensor, Tensor]:
+        if self.check_domain:
+            _check_unit_interval(z, type(self).__name__, closed=False)
+        log_z, log_1mz = torch.log(z), torch.log1p(-z)
+        return log_z - log_1mz, sum_event_dims(-log_z - log_1mz, len(self.event_shape), self.batch_shape(z))
