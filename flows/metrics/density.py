@@ -1,4 +1,4 @@
-"""Evaluation metrics: bits per dimension for dequantized discrete data."""
+"""Density metrics: bits per dimension for dequantized discrete data."""
 
 from __future__ import annotations
 

@@ -1,4 +1,4 @@
-"""Paper-named flow builders, all with the signature shape ``Name(features, context=0, *, ...)``.
+"""Coupling-flow builders: RealNVP and NICE.
 
 Options are keyword-only (``transforms``, ``hidden``, ...). Every builder returns a
 :class:`~flows.flow.Flow` (it *is* one), with a standard normal base unless stated otherwise.

@@ -1,0 +1,84 @@
+r"""The target interface: unnormalised densities :math:`\pi(x) \propto e^{-u(x)}` given by an energy."""
+
+from __future__ import annotations
+
+import math
+from collections.abc import Sequence
+
+import torch
+from torch import Tensor, nn
+
+from flows._validation import as_shape, check_event
+
+__all__ = ["EnergyTarget"]
+
+
+class EnergyTarget(nn.Module):
+    r"""Base class of energy targets :math:`\pi(x) = e^{-u(x)}/Z`.
+
+    Subclasses implement :meth:`energy` (batched over leading dimensions) and, where known, set
+    :attr:`log_Z` and override :meth:`sample` with an exact sampler. Constants are buffers so that
+    ``.double()`` and ``.to(device)`` work. Energies are at unit temperature (``β = 1``); trainers
+    and samplers apply their own temperature.
+
+    The interface shared by trainers, importance weights and MCMC kernels:
+
+    * ``energy(x)``: :math:`u(x)`, shape ``batch``;
+    * ``log_prob(x)``: the unnormalised log-density :math:`-u(x)` (minus ``log_Z`` when
+      ``normalized=True`` and it is known);
+    * ``energy_and_grad(x)``: :math:`u(x)` and :math:`\nabla u(x)` by autograd;
+    * ``log_Z``: :math:`\log Z = \log \int e^{-u}` or ``None`` when unknown;
+    * ``sample(n)``: exact samples, or :class:`NotImplementedError`.
+
+    Args:
+        event_shape: shape of one configuration.
+    """
+
+    log_Z: float | None = None
+
+    def __init__(self, event_shape: int | Sequence[int]) -> None:
+        super().__init__()
+        self.event_shape = torch.Size(as_shape(event_shape, "event_shape", allow_none=False))
+
+    @property
+    def dim(self) -> int:
+        """Number of degrees of freedom (entries of one event)."""
+        return math.prod(self.event_shape)
+
+    def energy(self, x: Tensor) -> Tensor:
+        """Energy :math:`u(x)` of configurations ``(*batch, *event_shape)``, shape ``batch``."""
+        raise NotImplementedError
+
+    def log_prob(self, x: Tensor, context: Tensor | None = None, *, normalized: bool = False) -> Tensor:
+        r"""Unnormalised log-density :math:`-u(x)`; with ``normalized=True``, :math:`-u(x) - \log Z`.
+
+        Raises:
+            ValueError: for ``normalized=True`` on a target whose ``log_Z`` is unknown.
+        """
+        check_event(x, self.event_shape, type(self).__name__)
+        log_p = -self.energy(x)
+        if normalized:
+            if self.log_Z is None:
+                raise ValueError(f"{type(self).__name__}: log_Z is unknown, cannot normalise")
+            log_p = log_p - self.log_Z
+        return log_p
+
+    def energy_and_grad(self, x: Tensor, *, create_graph: bool = False) -> tuple[Tensor, Tensor]:
+        r"""Energy and its gradient :math:`\nabla_x u(x)` (autograd), for batched ``x``."""
+        with torch.enable_grad():
+            x = x if x.requires_grad and create_graph else x.detach().requires_grad_(True)
+            u = self.energy(x)
+            (grad,) = torch.autograd.grad(u.sum(), x, create_graph=create_graph)
+        return (u if create_graph else u.detach()), grad
+
+    def sample(self, sample_shape: Sequence[int] | int = ()) -> Tensor:
+        """Exact samples of shape ``(*sample_shape, *event_shape)`` where an exact sampler exists."""
+        raise NotImplementedError(f"{type(self).__name__} has no exact sampler")
+
+    @property
+    def has_exact_sampler(self) -> bool:
+        """Whether :meth:`sample` is implemented."""
+        return type(self).sample is not EnergyTarget.sample
+
+    def extra_repr(self) -> str:
+        return f"event_shape={tuple(self.event_shape)}"
