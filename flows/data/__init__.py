@@ -1,6 +1,7 @@
-"""Datasets and preprocessing: embedded defaults (scikit-learn's digits) and dequantization."""
+"""Datasets and preprocessing: embedded defaults, files from a data directory, dequantization."""
 
 from flows.data.dequantization import uniform_dequantize
 from flows.data.digits import DIGITS_LEVELS, load_digits
+from flows.data.files import KNOWN_FILES, data_dir, data_file, download
 
-__all__ = ["DIGITS_LEVELS", "load_digits", "uniform_dequantize"]
+__all__ = ["DIGITS_LEVELS", "KNOWN_FILES", "data_dir", "data_file", "download", "load_digits", "uniform_dequantize"]
