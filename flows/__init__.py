@@ -7,6 +7,7 @@ Direction convention: a transform's forward direction maps data ``x`` to latent 
 from flows.architectures import NICE, RealNVP
 from flows.auxiliary import AuxiliaryLosses, add_auxiliary_loss
 from flows.bijections import (
+    CNF,
     ActNorm,
     ActNorm2d,
     AdditiveCoupling,
@@ -29,12 +30,13 @@ from flows.bijections import (
 )
 from flows.distributions import DiagNormal, Distribution, StandardNormal
 from flows.flow import Flow, evaluating
-from flows.nn import MLP
+from flows.nn import MLP, TimeMLP
 from flows.testing import BijectionCheckError, check_bijection
 
 __version__ = "0.1.0"
 
 __all__ = [
+    "CNF",
     "MLP",
     "NICE",
     "ActNorm",
@@ -62,6 +64,7 @@ __all__ = [
     "Reverse",
     "Sigmoid",
     "StandardNormal",
+    "TimeMLP",
     "Transformer",
     "__version__",
     "add_auxiliary_loss",

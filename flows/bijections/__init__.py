@@ -1,6 +1,7 @@
 """Bijections: the transform contract and every invertible layer of the library."""
 
 from flows.bijections.base import Bijection, Chain, Inverse, InverseNotAvailable
+from flows.bijections.continuous import CNF
 from flows.bijections.coupling import AdditiveCoupling, AffineCoupling, Coupling, alternating_mask, half_mask
 from flows.bijections.elementwise import Affine, Elementwise, Logit, Sigmoid
 from flows.bijections.linear import LULinear
@@ -9,6 +10,7 @@ from flows.bijections.permutation import Permutation, Reverse
 from flows.bijections.transformers import AdditiveTransformer, AffineTransformer, Transformer
 
 __all__ = [
+    "CNF",
     "ActNorm",
     "ActNorm2d",
     "AdditiveCoupling",

@@ -1,0 +1,394 @@
+r"""Continuous normalizing flows: :class:`CNF`, an ODE solved with torchdiffeq, with exact or Hutchinson traces."""
+
+from __future__ import annotations
+
+import math
+from collections.abc import Callable, Sequence
+
+import torch
+from torch import Tensor, nn
+from torchdiffeq import odeint, odeint_adjoint
+
+from flows._validation import check_context, check_event, format_shape
+from flows.auxiliary import add_auxiliary_loss, collecting_auxiliary_losses
+from flows.bijections.base import Bijection
+from flows.nn import TimeMLP
+
+__all__ = ["CNF", "SOLVERS", "TRACES"]
+
+TRACES = ("exact", "hutchinson")
+NOISES = ("rademacher", "gaussian")
+SOLVERS = ("dopri5", "dopri8", "bosh3", "fehlberg2", "adaptive_heun", "euler", "midpoint", "heun3", "rk4")
+
+
+class _Dynamics(nn.Module):
+    r"""The augmented right-hand side handed to torchdiffeq: ``[z, ℓ, r] ↦ [f, tr J, regularisers]``.
+
+    The state is one tensor ``(N, D + 1 + R)``: the flattened event ``z``, the log-determinant
+    ``ℓ`` and the ``R`` RNODE integrands (kinetic energy ``‖f‖²`` and/or ``‖J‖_F²``, integrated
+    with a positive sign whatever the direction of time). It is built per solve and holds that
+    solve's context and Hutchinson noise, so nothing outlives the call.
+    """
+
+    def __init__(
+        self,
+        cnf: CNF,
+        context: Tensor | None,
+        noise: Tensor | None,
+        trace: bool,
+        kinetic: bool,
+        frobenius: bool,
+        sign: float,
+    ) -> None:
+        super().__init__()
+        self.field = cnf.field
+        self.cnf_event = cnf.event_shape
+        self.context = context
+        self.noise = noise
+        self.trace, self.kinetic, self.frobenius, self.sign = trace, kinetic, frobenius, sign
+        self.fused = callable(getattr(cnf.field, "jvp", None))
+        self.features = math.prod(cnf.event_shape)
+        self.calls = 0
+        self.on_call: Callable[[], None] | None = None
+
+    def _field(self, t: Tensor, z: Tensor) -> Tensor:
+        return self.field(t, z) if self.context is None else self.field(t, z, self.context)
+
+    def _tangents(self, z: Tensor) -> Tensor:
+        """``(K, M, *event)``: the Hutchinson noise (K = 1) or the basis vectors (K = D, M = 1)."""
+        if self.noise is not None:
+            return self.noise[None]
+        basis = torch.eye(self.features, dtype=z.dtype, device=z.device)
+        return basis.reshape(self.features, 1, *self.cnf_event)
+
+    def _fused(self, t: Tensor, z: Tensor) -> tuple[Tensor, Tensor]:
+        """The field and ``J v`` (``(K, N, *event)``) through the field's own ``jvp``."""
+        tangents = self._tangents(z)
+        if self.context is None:
+            return self.field.jvp(t, z, tangents)
+        return self.field.jvp(t, z, tangents, self.context)
+
+    def _autograd(self, t: Tensor, z: Tensor) -> tuple[Tensor, Tensor]:
+        """The field and ``vᵀ J`` (``(K, N, *event)``) by reverse-mode autograd (any field)."""
+        create_graph = torch.is_grad_enabled()
+        with torch.enable_grad():
+            if not z.requires_grad:
+                z = z.detach().requires_grad_(True)
+            f = self._field(t, z)
+            tangents = self._tangents(z)
+            if self.noise is not None:
+                rows = torch.autograd.grad(f, z, tangents[0], create_graph=create_graph)[0][None]
+            else:
+                grads = tangents.expand(self.features, *z.shape)
+                rows = torch.autograd.grad(f, z, grads, create_graph=create_graph, is_grads_batched=True)[0]
+        return f, rows
+
+    def forward(self, t: Tensor, state: Tensor) -> Tensor:
+        self.calls += 1
+        if self.on_call is not None:
+            self.on_call()
+        n = state.shape[0]
+        z = state[:, : self.features].reshape(n, *self.cnf_event)
+        products = None
+        if self.trace or self.frobenius:
+            f, products = self._fused(t, z) if self.fused else self._autograd(t, z)
+            products = products.reshape(products.shape[0], n, -1)
+        else:
+            f = self._field(t, z)
+        f = f.reshape(n, -1)
+        columns = [f]
+        if self.trace:
+            if self.noise is not None:
+                columns.append((products[0] * self.noise.reshape(n, -1)).sum(-1, keepdim=True))
+            else:
+                columns.append(products.diagonal(dim1=0, dim2=2).sum(-1, keepdim=True))
+        else:
+            columns.append(torch.zeros_like(f[:, :1]))
+        if self.kinetic:
+            columns.append(self.sign * f.square().sum(-1, keepdim=True))
+        if self.frobenius:
+            columns.append(self.sign * products.square().sum((0, 2))[:, None])
+        return torch.cat(columns, -1)
+
+
+def _error_norm(features: int):
+    """Error norm of the solver: the larger RMS of the state block and of the log-determinant column.
+
+    The RNODE columns are left out: they are penalties, their accuracy does not matter.
+    """
+
+    def norm(error: Tensor) -> Tensor:
+        if error.dim() != 2:  # the adjoint pass hands over flattened (time or parameter) tensors
+            return error.abs().pow(2).mean().sqrt()
+        return torch.maximum(
+            error[:, :features].square().mean().sqrt(), error[:, features : features + 1].square().mean().sqrt()
+        )
+
+    return norm
+
+
+_ADAPTIVE_ORDER = {"dopri5": 5, "dopri8": 8, "bosh3": 3, "fehlberg2": 2, "adaptive_heun": 2}
+
+
+@torch.no_grad()
+def _initial_step(
+    func: nn.Module, times: Tensor, y0: Tensor, order: int, rtol: float, atol: float, norm: Callable
+) -> Tensor:
+    """Hairer, Nørsett, Wanner (1993, §II.4)'s starting step, computed without a graph.
+
+    torchdiffeq's own choice is differentiable, which would make every later time point (and so
+    the output of one sample) depend on the whole batch through autograd; choosing it here keeps
+    the gradient that of the discretised map with a fixed step sequence. Costs two evaluations.
+    """
+    t0, direction = times[0], torch.sign(times[1] - times[0])
+    f0 = func(t0, y0)
+    scale = atol + y0.abs() * rtol
+    d0, d1 = norm(y0 / scale), norm(f0 / scale)
+    h0 = torch.full_like(d0, 1e-6) if d0 < 1e-5 or d1 < 1e-5 else 0.01 * d0 / d1
+    f1 = func(t0 + direction * h0, y0 + direction * h0 * f0)
+    d2 = norm((f1 - f0) / scale) / h0
+    if max(d1, d2) <= 1e-15:
+        h1 = torch.clamp(h0 * 1e-3, min=1e-6)
+    else:
+        h1 = (0.01 / torch.maximum(d1, d2)) ** (1.0 / order)
+    return torch.minimum(100 * h0, h1).to(times.dtype)
+
+
+class CNF(Bijection):
+    r"""Continuous normalizing flow: the solution map of :math:`\dot z = f(t, z; c)` from ``t0`` to ``t1``.
+
+    Forward (data → latent) integrates the augmented system from :math:`z(t_0) = x` to ``t1``:
+
+    .. math::
+        \frac{d}{dt}\begin{bmatrix} z \\ \ell \end{bmatrix}
+        = \begin{bmatrix} f(t, z; c) \\ \operatorname{tr} \frac{\partial f}{\partial z} \end{bmatrix},
+        \qquad \ell(t_1) = \log\left|\det \frac{\partial z(t_1)}{\partial x}\right|
+        = \int_{t_0}^{t_1} \operatorname{tr} \frac{\partial f}{\partial z(t)}\, dt
+
+    (the instantaneous change of variables). The inverse integrates the same system backwards,
+    from ``t1`` to ``t0``, and returns :math:`-\ell`. ``ladj`` is therefore the integrated trace,
+    exact up to the solver tolerance with ``trace="exact"`` (``D`` Jacobian-vector products per
+    evaluation) or an unbiased Hutchinson estimate with ``trace="hutchinson"``:
+    :math:`\operatorname{tr} J = \mathbb E[\varepsilon^\top J \varepsilon]`, one product per
+    evaluation, with :math:`\varepsilon` (Rademacher or Gaussian, ``E[εεᵀ] = I``) drawn **once per
+    solve** so the integrand stays smooth in :math:`t`.
+
+    The field is any ``nn.Module`` called as ``field(t, z)`` (``field(t, z, context)`` when
+    ``context > 0``) with ``t`` a scalar tensor and ``z`` of shape ``(N, *event_shape)``; by
+    default a :class:`~flows.nn.TimeMLP`. If the field has a method
+    ``jvp(t, z, tangents[, context]) -> (f, J v)`` (tangents ``(K, N or 1, *event)``), it is used
+    to compute the traces in forward mode; otherwise they come from reverse-mode autograd.
+
+    RNODE regularisers (Finlay et al. 2020) are integrated as extra state when their weight is
+    positive *and* an :class:`~flows.auxiliary.AuxiliaryLosses` collector is open: the kinetic
+    energy :math:`\int \|f\|^2 dt` and the Jacobian Frobenius norm :math:`\int \|J\|_F^2 dt`
+    (exact with the exact trace, :math:`\|J\varepsilon\|^2` with Hutchinson), per sample, averaged
+    over the batch and multiplied by their weights, are handed over as ``"rnode_kinetic"`` and
+    ``"rnode_jacobian"``.
+
+    :meth:`forward` and :meth:`inverse` (the tensor-only calls, e.g. sampling) integrate ``z``
+    alone, without the trace: they agree with the fused methods to the solver tolerance.
+    The number of evaluations of the field in the last solve is :attr:`nfe` (and, with the
+    adjoint, :attr:`nfe_backward` for the backward pass that followed).
+
+    References:
+        Chen, Rubanova, Bettencourt, Duvenaud (2018), "Neural Ordinary Differential Equations",
+        NeurIPS, arXiv:1806.07366.
+        Grathwohl, Chen, Bettencourt, Sutskever, Duvenaud (2019), "FFJORD: Free-form Continuous
+        Dynamics for Scalable Reversible Generative Models", ICLR, arXiv:1810.01367.
+        Finlay, Jacobsen, Nurbekyan, Oberman (2020), "How to train your neural ODE: the world of
+        Jacobian and kinetic regularization", ICML, arXiv:2002.02798.
+
+    Args:
+        features: event size ``D`` (or an event shape, with a ``field`` that accepts it).
+        context: context width (0 for an unconditional transform).
+        field: the vector field; default ``TimeMLP(features, context, hidden=hidden, activation=activation)``.
+        hidden: hidden widths of the default field.
+        activation: nonlinearity of the default field (smooth; see :class:`~flows.nn.TimeMLP`).
+        trace: ``"exact"`` or ``"hutchinson"``.
+        eval_trace: the trace used in eval mode (``None``: the same as ``trace``), e.g. train with
+            ``"hutchinson"`` and evaluate exact log-likelihoods.
+        noise: Hutchinson noise, ``"rademacher"`` (lower variance) or ``"gaussian"``.
+        seed: if given, every solve draws its Hutchinson noise from a generator seeded with it,
+            so the estimate is a deterministic function of the input (otherwise: the global RNG).
+        t0: start time (the data side).
+        t1: end time (the latent side).
+        method: torchdiffeq solver (one of :data:`SOLVERS`).
+        rtol: relative tolerance of adaptive solvers.
+        atol: absolute tolerance of adaptive solvers.
+        options: extra solver options (e.g. ``{"step_size": 0.1}`` for fixed-step solvers).
+        adjoint: backpropagate with the adjoint method (``odeint_adjoint``: memory independent
+            of the number of steps, gradients carry the error of the backward solve) instead of
+            through the solver's operations.
+        adjoint_options: options of the backward solve (default: Kidger et al.'s seminorm).
+        kinetic: weight of the RNODE kinetic-energy regulariser.
+        jacobian: weight of the RNODE Jacobian-Frobenius regulariser.
+
+    Raises:
+        ValueError: for invalid sizes, names, tolerances or weights.
+        TypeError: if ``field`` is not an ``nn.Module``.
+
+    Example:
+        >>> import torch
+        >>> cnf = CNF(2, hidden=(16,), rtol=1e-6, atol=1e-6)
+        >>> x = torch.randn(5, 2)
+        >>> z, ladj = cnf.forward_and_log_det(x)
+        >>> z.shape, ladj.shape, cnf.nfe > 0
+        (torch.Size([5, 2]), torch.Size([5]), True)
+        >>> x_back, ladj_back = cnf.inverse_and_log_det(z)
+        >>> torch.allclose(x_back, x, atol=1e-4), torch.allclose(ladj_back, -ladj, atol=1e-4)
+        (True, True)
+    """
+
+    def __init__(
+        self,
+        features: int | Sequence[int],
+        context: int = 0,
+        *,
+        field: nn.Module | None = None,
+        hidden: Sequence[int] = (64, 64),
+        activation: type[nn.Module] = nn.Softplus,
+        trace: str = "exact",
+        eval_trace: str | None = None,
+        noise: str = "rademacher",
+        seed: int | None = None,
+        t0: float = 0.0,
+        t1: float = 1.0,
+        method: str = "dopri5",
+        rtol: float = 1e-5,
+        atol: float = 1e-5,
+        options: dict | None = None,
+        adjoint: bool = False,
+        adjoint_options: dict | None = None,
+        kinetic: float = 0.0,
+        jacobian: float = 0.0,
+    ) -> None:
+        super().__init__(features)
+        if not isinstance(context, int) or context < 0:
+            raise ValueError(f"CNF: expected context to be an int >= 0, got {context!r}")
+        for name, value in (("trace", trace), ("eval_trace", eval_trace)):
+            if value is not None and value not in TRACES:
+                raise ValueError(f"CNF: expected {name} in {TRACES}, got {value!r}")
+        if noise not in NOISES:
+            raise ValueError(f"CNF: expected noise in {NOISES}, got {noise!r}")
+        if method not in SOLVERS:
+            raise ValueError(f"CNF: expected method in {SOLVERS}, got {method!r}")
+        if not (rtol > 0 and atol > 0):
+            raise ValueError(f"CNF: expected positive tolerances, got rtol={rtol}, atol={atol}")
+        if not (math.isfinite(t0) and math.isfinite(t1)) or t0 == t1:
+            raise ValueError(f"CNF: expected finite t0 != t1, got t0={t0}, t1={t1}")
+        if not (kinetic >= 0 and jacobian >= 0):
+            raise ValueError(f"CNF: expected non-negative RNODE weights, got kinetic={kinetic}, jacobian={jacobian}")
+        if field is None:
+            if len(self.event_shape) != 1:
+                raise ValueError(
+                    f"CNF: the default field needs vector events, got event shape {format_shape(self.event_shape)}; "
+                    "pass field=..."
+                )
+            field = TimeMLP(self.event_shape[0], context, hidden=hidden, activation=activation)
+        elif not isinstance(field, nn.Module):
+            raise TypeError(f"CNF: expected field to be an nn.Module, got {type(field).__name__}")
+        if any(s is None for s in self.event_shape):
+            raise ValueError(f"CNF: expected a fixed event shape, got {format_shape(self.event_shape)}")
+        self.field = field
+        self.context_features = context
+        self.trace, self.eval_trace, self.noise, self.seed = trace, eval_trace, noise, seed
+        self.t0, self.t1 = float(t0), float(t1)
+        self.method, self.rtol, self.atol = method, float(rtol), float(atol)
+        self.options = dict(options or {})
+        self.adjoint = adjoint
+        self.adjoint_options = {"norm": "seminorm"} if adjoint_options is None else dict(adjoint_options)
+        self.kinetic, self.jacobian = float(kinetic), float(jacobian)
+        self.nfe = 0
+        self.nfe_backward = 0
+
+    # -- solving ------------------------------------------------------------------------------
+    def _noise(self, shape: torch.Size, like: Tensor) -> Tensor:
+        generator = None
+        if self.seed is not None:
+            generator = torch.Generator(device=like.device).manual_seed(self.seed)
+        if self.noise == "gaussian":
+            return torch.randn(shape, generator=generator, dtype=like.dtype, device=like.device)
+        bits = torch.randint(0, 2, shape, generator=generator, device=like.device)
+        return bits.to(like.dtype).mul_(2).sub_(1)
+
+    def _solve(self, x: Tensor, context: Tensor | None, reverse: bool, log_det: bool) -> tuple[Tensor, Tensor]:
+        who = type(self).__name__
+        event = self.event_shape_out if reverse else self.event_shape
+        check_event(x, event, who, "latent input" if reverse else "input")
+        check_context(context, self.context_features, who)
+        batch = x.shape[: x.dim() - len(event)]
+        n, features = math.prod(batch), math.prod(event)
+        if n == 0:
+            return x, x.new_zeros(batch)
+        if context is not None:
+            context = context.expand(*batch, self.context_features).reshape(n, self.context_features)
+        trace = self.trace if self.training or self.eval_trace is None else self.eval_trace
+        regularise = collecting_auxiliary_losses()
+        kinetic, frobenius = regularise and self.kinetic > 0, regularise and self.jacobian > 0
+        noise = None
+        if (log_det or frobenius) and trace == "hutchinson":
+            noise = self._noise(torch.Size((n, *event)), x)
+        # RNODE integrands get the sign that makes their integrals positive in either direction.
+        sign = math.copysign(1.0, self.t1 - self.t0) * (-1.0 if reverse else 1.0)
+        dynamics = _Dynamics(self, context, noise, log_det, kinetic, frobenius, sign)
+        state = torch.cat((x.reshape(n, features), x.new_zeros(n, 1 + kinetic + frobenius)), -1)
+        start, end = (self.t1, self.t0) if reverse else (self.t0, self.t1)
+        times = torch.tensor((start, end), dtype=x.dtype, device=x.device)
+        norm = _error_norm(features)
+        options = {"norm": norm, **self.options}
+        if self.method in _ADAPTIVE_ORDER and "first_step" not in options:
+            options["first_step"] = _initial_step(
+                dynamics, times, state, _ADAPTIVE_ORDER[self.method], self.rtol, self.atol, norm
+            )
+        solve = dict(rtol=self.rtol, atol=self.atol, method=self.method, options=options)
+        self.nfe_backward = 0
+        if self.adjoint:
+            params = tuple(p for p in self.field.parameters() if p.requires_grad)
+            if context is not None and context.requires_grad:
+                params = (*params, context)
+            out = odeint_adjoint(
+                dynamics, state, times, adjoint_params=params, adjoint_options=self.adjoint_options, **solve
+            )
+            dynamics.on_call = self._count_backward  # every later call belongs to the backward pass
+        else:
+            out = odeint(dynamics, state, times, **solve)
+        self.nfe = dynamics.calls
+        out = out[-1]
+        z = out[:, :features].reshape(*batch, *event)
+        ladj = out[:, features].reshape(batch)
+        if kinetic:
+            add_auxiliary_loss("rnode_kinetic", self.kinetic * out[:, features + 1].mean())
+        if frobenius:
+            add_auxiliary_loss("rnode_jacobian", self.jacobian * out[:, -1].mean())
+        return z, ladj
+
+    def _count_backward(self) -> None:
+        self.nfe_backward += 1
+
+    # -- the contract -------------------------------------------------------------------------
+    def forward_and_log_det(self, x: Tensor, context: Tensor | None = None) -> tuple[Tensor, Tensor]:
+        return self._solve(x, context, reverse=False, log_det=True)
+
+    def inverse_and_log_det(self, z: Tensor, context: Tensor | None = None) -> tuple[Tensor, Tensor]:
+        return self._solve(z, context, reverse=True, log_det=True)
+
+    def forward(self, x: Tensor, context: Tensor | None = None) -> Tensor:
+        """Map data to latent without the trace (the state alone is integrated)."""
+        return self._solve(x, context, reverse=False, log_det=False)[0]
+
+    def inverse(self, z: Tensor, context: Tensor | None = None) -> Tensor:
+        """Map latent to data without the trace (the state alone is integrated)."""
+        return self._solve(z, context, reverse=True, log_det=False)[0]
+
+    def extra_repr(self) -> str:
+        trace = self.trace if self.eval_trace in (None, self.trace) else f"{self.trace}/{self.eval_trace} (eval)"
+        text = (
+            f"event_shape={format_shape(self.event_shape)}, context={self.context_features}, trace={trace}, "
+            f"t=[{self.t0:g}, {self.t1:g}], method={self.method}, rtol={self.rtol:g}, atol={self.atol:g}"
+        )
+        if self.adjoint:
+            text += ", adjoint=True"
+        if self.kinetic or self.jacobian:
+            text += f", kinetic={self.kinetic:g}, jacobian={self.jacobian:g}"
+        return text
