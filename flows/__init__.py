@@ -28,6 +28,7 @@ from flows.bijections import (
     Sigmoid,
     Transformer,
 )
+from flows.dependent import DependentFlow, MatrixNormal
 from flows.distributions import DiagNormal, Distribution, StandardNormal
 from flows.flow import Flow, evaluating
 from flows.nn import MLP, TimeMLP
@@ -51,6 +52,7 @@ __all__ = [
     "BijectionCheckError",
     "Chain",
     "Coupling",
+    "DependentFlow",
     "DiagNormal",
     "Distribution",
     "Elementwise",
@@ -59,6 +61,7 @@ __all__ = [
     "InverseNotAvailable",
     "LULinear",
     "Logit",
+    "MatrixNormal",
     "Permutation",
     "RealNVP",
     "Reverse",
