@@ -4,7 +4,7 @@ Direction convention: a transform's forward direction maps data ``x`` to latent 
 ``log p(x) = log p_Z(f(x)) + log|det J_f(x)|``. Sampling runs the inverse.
 """
 
-from flows.architectures import NICE, RealNVP
+from flows.architectures import FFJORD, NICE, RealNVP
 from flows.auxiliary import AuxiliaryLosses, add_auxiliary_loss
 from flows.bijections import (
     CNF,
@@ -38,6 +38,7 @@ __version__ = "0.1.0"
 
 __all__ = [
     "CNF",
+    "FFJORD",
     "MLP",
     "NICE",
     "ActNorm",

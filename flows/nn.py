@@ -78,8 +78,8 @@ def _activation_and_derivative(layer: nn.Module, h: Tensor) -> tuple[Tensor, Ten
         a = torch.tanh(h)
         return a, 1 - a.square()
     if isinstance(layer, nn.Softplus):
-        a = layer(h)
-        return a, torch.where(h * layer.beta > layer.threshold, torch.ones_like(h), torch.sigmoid(h * layer.beta))
+        # σ(βh) is also the slope past the linear threshold, to within e^{-threshold}
+        return layer(h), torch.sigmoid(h * layer.beta) if layer.beta != 1 else torch.sigmoid(h)
     if isinstance(layer, nn.ELU):
         a = layer(h)
         return a, torch.where(h > 0, torch.ones_like(h), a + layer.alpha)

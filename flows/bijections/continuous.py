@@ -72,7 +72,7 @@ class _Dynamics(nn.Module):
         """The field and ``vᵀ J`` (``(K, N, *event)``) by reverse-mode autograd (any field)."""
         create_graph = torch.is_grad_enabled()
         with torch.enable_grad():
-            if not z.requires_grad:
+            if not (create_graph and z.requires_grad):  # a fresh leaf unless z's history is needed
                 z = z.detach().requires_grad_(True)
             f = self._field(t, z)
             tangents = self._tangents(z)
@@ -214,8 +214,8 @@ class CNF(Bijection):
         t0: start time (the data side).
         t1: end time (the latent side).
         method: torchdiffeq solver (one of :data:`SOLVERS`).
-        rtol: relative tolerance of adaptive solvers.
-        atol: absolute tolerance of adaptive solvers.
+        rtol: relative tolerance of adaptive solvers (raised to ``10·eps`` of the dtype if below).
+        atol: absolute tolerance of adaptive solvers (likewise).
         options: extra solver options (e.g. ``{"step_size": 0.1}`` for fixed-step solvers).
         adjoint: backpropagate with the adjoint method (``odeint_adjoint``: memory independent
             of the number of steps, gradients carry the error of the backward solve) instead of
@@ -335,13 +335,17 @@ class CNF(Bijection):
         state = torch.cat((x.reshape(n, features), x.new_zeros(n, 1 + kinetic + frobenius)), -1)
         start, end = (self.t1, self.t0) if reverse else (self.t0, self.t1)
         times = torch.tensor((start, end), dtype=x.dtype, device=x.device)
+        # Below ~10 eps the error estimate is rounding noise and the step size collapses (scipy's
+        # solve_ivp clips rtol at 100 eps for the same reason).
+        floor = 10 * torch.finfo(x.dtype).eps
+        rtol, atol = max(self.rtol, floor), max(self.atol, floor)
         norm = _error_norm(features)
         options = {"norm": norm, **self.options}
         if self.method in _ADAPTIVE_ORDER and "first_step" not in options:
             options["first_step"] = _initial_step(
-                dynamics, times, state, _ADAPTIVE_ORDER[self.method], self.rtol, self.atol, norm
+                dynamics, times, state, _ADAPTIVE_ORDER[self.method], rtol, atol, norm
             )
-        solve = dict(rtol=self.rtol, atol=self.atol, method=self.method, options=options)
+        solve = dict(rtol=rtol, atol=atol, method=self.method, options=options)
         self.nfe_backward = 0
         if self.adjoint:
             params = tuple(p for p in self.field.parameters() if p.requires_grad)
