@@ -98,20 +98,27 @@ TIME_MLP_ACTIVATIONS = (nn.Tanh, nn.Softplus, nn.ELU, nn.SiLU, nn.Sigmoid)
 class TimeMLP(nn.Module):
     r"""Time-dependent vector field :math:`f(t, z; c)` for continuous flows, with fused Jacobian-vector products.
 
-    The network is an :class:`MLP` applied to
-    :math:`[z, \cos(\pi k t), \sin(\pi k t)]_{k=1..\text{freqs}}` (and the context ``c``, when
-    there is one). Besides ``forward(t, z, context)``, :meth:`jvp` returns the field together with
-    :math:`J v = (\partial f/\partial z) v` for a stack of tangents :math:`v`, propagated through
-    the layers in forward mode by hand (``v ← W v`` through a linear layer,
-    ``v ← σ'(h) ⊙ v`` through an activation). This is what makes :class:`~flows.CNF` cheap: the
-    exact trace :math:`\operatorname{tr} J = \sum_i (J e_i)_i` costs one pass with ``D`` tangents
-    and the Hutchinson estimate :math:`\varepsilon^\top J \varepsilon` one pass with one tangent,
-    both differentiable with ordinary first-order backpropagation (no double backward) and
-    available without building a graph at evaluation time.
+    The network is an :class:`MLP` applied to :math:`[z, t]` (by default) or to
+    :math:`[z, \cos(\pi k t), \sin(\pi k t)]_{k=1..\text{freqs}}` (zuko's time embedding), and
+    the context ``c`` when there is one. Time features of high frequency make the field vary fast
+    in :math:`t` and the solver take more steps: on two moons, ``freqs=3`` needed 2-3x the
+    function evaluations of ``freqs=0`` for a worse likelihood.
 
-    The activation must be smooth (the solver adapts its steps to the field's smoothness) and one
-    of ``nn.Tanh``, ``nn.Softplus``, ``nn.ELU``, ``nn.SiLU``, ``nn.Sigmoid``. The last layer is
-    zero-initialised, so a flow built on this field starts at the identity map.
+    Besides ``forward(t, z, context)``, :meth:`jvp` returns the field together with
+    :math:`J v = (\partial f/\partial z) v` for a stack of tangents :math:`v`, propagated through
+    the layers in forward mode by hand (``v ← W v`` through a linear layer, ``v ← σ'(h) ⊙ v``
+    through an activation). This is what makes :class:`~flows.CNF` cheap: the exact trace
+    :math:`\operatorname{tr} J = \sum_i (J e_i)_i` costs one pass with ``D`` tangents and the
+    Hutchinson estimate :math:`\varepsilon^\top J \varepsilon` one pass with one tangent, both
+    differentiable with ordinary first-order backpropagation (no double backward) and available
+    without building a graph at evaluation time.
+
+    The activation must be smooth (the solver adapts its steps to the field's smoothness; ``ReLU``
+    is refused) and one of ``nn.Tanh``, ``nn.Softplus``, ``nn.ELU``, ``nn.SiLU``, ``nn.Sigmoid``.
+    ``ELU`` has a discontinuous second derivative, which costs adaptive solvers extra steps at
+    tight tolerances. Unlike the coupling conditioners, the last layer keeps PyTorch's default
+    initialisation (as in FFJORD and zuko): on two moons, a zero last layer trained slower and
+    with more function evaluations.
 
     Args:
         features: dimension ``D`` of the state ``z``.
@@ -119,11 +126,11 @@ class TimeMLP(nn.Module):
         hidden: widths of the hidden layers.
         activation: constructor of the nonlinearity (one of the classes above).
         freqs: number of time frequencies (``2 · freqs`` time features; 0 feeds ``t`` itself).
-        zero_init: zero the weights and bias of the last layer.
+        zero_init: zero the weights and bias of the last layer (the flow starts at the identity).
 
     Example:
         >>> import torch
-        >>> field = TimeMLP(3, hidden=(16,), zero_init=False)
+        >>> field = TimeMLP(3, hidden=(16,))
         >>> t, z = torch.tensor(0.5), torch.randn(4, 3)
         >>> f, jv = field.jvp(t, z, torch.eye(3)[:, None, :])  # the three Jacobian columns
         >>> f.shape, jv.shape
@@ -139,9 +146,9 @@ class TimeMLP(nn.Module):
         context: int = 0,
         *,
         hidden: Sequence[int] = (64, 64),
-        activation: Callable[[], nn.Module] = nn.Softplus,
-        freqs: int = 3,
-        zero_init: bool = True,
+        activation: Callable[[], nn.Module] = nn.Tanh,
+        freqs: int = 0,
+        zero_init: bool = False,
     ) -> None:
         super().__init__()
         if not isinstance(features, int) or features <= 0:

@@ -65,7 +65,7 @@ class FFJORD(Flow):
         *,
         transforms: int = 1,
         hidden: Sequence[int] = (64, 64),
-        activation: type[nn.Module] = nn.Softplus,
+        activation: type[nn.Module] = nn.Tanh,
         trace: str = "hutchinson",
         eval_trace: str | None = "exact",
         noise: str = "rademacher",

@@ -18,7 +18,10 @@ __all__ = ["CNF", "SOLVERS", "TRACES"]
 
 TRACES = ("exact", "hutchinson")
 NOISES = ("rademacher", "gaussian")
-SOLVERS = ("dopri5", "dopri8", "bosh3", "fehlberg2", "adaptive_heun", "euler", "midpoint", "heun3", "rk4")
+SOLVERS = (
+    *("dopri5", "dopri8", "bosh3", "fehlberg2", "adaptive_heun"),  # adaptive: rtol, atol
+    *("euler", "midpoint", "heun2", "heun3", "rk4", "explicit_adams", "implicit_adams", "fixed_adams"),  # step_size
+)
 
 
 class _Dynamics(nn.Module):
@@ -247,7 +250,7 @@ class CNF(Bijection):
         *,
         field: nn.Module | None = None,
         hidden: Sequence[int] = (64, 64),
-        activation: type[nn.Module] = nn.Softplus,
+        activation: type[nn.Module] = nn.Tanh,
         trace: str = "exact",
         eval_trace: str | None = None,
         noise: str = "rademacher",

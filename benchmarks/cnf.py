@@ -1,0 +1,263 @@
+"""Continuous normalizing flows: flows ``FFJORD``/``CNF`` against zuko's ``CNF``, trained side by side.
+
+Problems: ``moons`` (2-D, scikit-learn's two moons, 4000 train / 2000 test points) and
+``miniboone`` (43-D MiniBooNE-small: train on the MAF *validation* split, test on the *test* split
+of ``$FLOWS_DATA_DIR/miniboone_maf_valtest.npz``; **not comparable to published numbers**, which
+train on 9x more data for far longer).
+
+Every contender has the same field width (MLP 64-64 on ``[z, cos(πkt), sin(πkt)]``, k = 1..3,
+integrated over t in [0, 1] with dopri5) and the same optimiser (Adam, lr 3e-3), and sees the
+same batches; one training step of each runs in turn (interleaved, one thread), so machine load
+hits all alike. Reported per contender: test NLL (nats, eval mode, each model's own solver and
+trace: exact for every contender) at equal epochs, the same NLL recomputed by a reference solve
+(rtol = atol = 1e-8, float64, exact trace; zuko's fields are wrapped into a flows ``CNF`` for it),
+total and median training-step time and their ratio to zuko's default, and the number of function
+evaluations (NFE) of the forward solve in training (last epoch mean) and at test time.
+
+What zuko's ``CNF`` does (zuko 1.6, ``zuko/transforms.py`` and ``zuko/utils.py``): dopri5 with a
+max-norm error over the whole batch (atol 1e-6, rtol 1e-5, the log-det scaled by 1e-2 to relax
+its tolerance), exact trace by ``D`` batched vector-Jacobian products with ``create_graph``
+(default) or one Gaussian-noise product (``exact=False``), gradients by an adaptive checkpoint
+adjoint that re-runs every accepted step backwards (its NFE counts below are the forward solve).
+flows' ``CNF`` uses torchdiffeq's dopri5 with an RMS error norm (rtol = atol = 1e-5), a Tanh
+field whose Jacobian-vector products are propagated in forward mode inside the same pass (no
+double backward), and direct backpropagation through the solver.
+
+    python benchmarks/cnf.py --problem moons --epochs 40          # ~6 min on one thread
+    python benchmarks/cnf.py --problem miniboone --epochs 3       # zuko's exact trace: ~1 min/epoch
+    python benchmarks/cnf.py --problem miniboone --epochs 20 --contenders zuko-hutchinson flows flows+rnode
+"""
+
+from __future__ import annotations
+
+import argparse
+import math
+import statistics
+import time
+from collections.abc import Callable
+
+import numpy as np
+import torch
+from torch import Tensor, nn
+
+import flows
+from flows.data import data_file
+
+HIDDEN = (64, 64)
+LR = 3e-3
+
+
+def load_problem(name: str, seed: int = 0) -> tuple[Tensor, Tensor]:
+    """``(train, test)`` float32 tensors."""
+    if name == "moons":
+        from sklearn.datasets import make_moons
+
+        x, _ = make_moons(6000, noise=0.05, random_state=seed)
+        x = torch.tensor(x, dtype=torch.float32)
+        x = (x - x.mean(0)) / x.std(0)
+        return x[:4000], x[4000:]
+    if name == "miniboone":
+        with np.load(data_file("miniboone_maf_valtest.npz")) as archive:
+            return torch.tensor(archive["val"]), torch.tensor(archive["test"])
+    raise ValueError(f"expected problem 'moons' or 'miniboone', got {name!r}")
+
+
+class Contender:
+    """A model with a uniform interface: log-density, NFE of the last forward solve, reference field."""
+
+    def __init__(self, name: str, model: nn.Module, kind: str) -> None:
+        self.name, self.model, self.kind = name, model, kind
+        self.key = ""
+        self.optimizer = torch.optim.Adam(model.parameters(), lr=LR)
+        self.step_times: list[float] = []
+        self.train_nfe: list[int] = []
+        self._calls = 0
+        if kind == "zuko":
+            transform = model.transform
+            field = transform.f
+
+            def counted(*args, **kwargs):
+                self._calls += 1
+                return field(*args, **kwargs)
+
+            transform.f = counted
+            self._zuko_field = field
+
+    def log_prob(self, x: Tensor) -> Tensor:
+        self._calls = 0
+        return self.model().log_prob(x) if self.kind == "zuko" else self.model.log_prob(x)
+
+    @property
+    def nfe(self) -> int:
+        return self._calls if self.kind == "zuko" else self.model.nfe
+
+    def step(self, x: Tensor) -> float:
+        start = time.perf_counter()
+        with flows.AuxiliaryLosses() as aux:
+            nll = -self.log_prob(x).mean()
+        nfe = self.nfe
+        loss = nll + aux.total()
+        self.optimizer.zero_grad(set_to_none=True)
+        loss.backward()
+        self.optimizer.step()
+        self.step_times.append(time.perf_counter() - start)
+        self.train_nfe.append(nfe)
+        return float(nll.detach())
+
+    @torch.no_grad()
+    def test_nll(self, test: Tensor, chunk: int = 1000) -> tuple[float, float]:
+        """Mean test NLL with the model's own solver (eval mode) and the mean forward NFE."""
+        self.model.eval()
+        values, nfes = [], []
+        for part in test.split(chunk):
+            values.append(-self.log_prob(part))
+            nfes.append(self.nfe)
+        self.model.train()
+        return float(torch.cat(values).mean()), statistics.mean(nfes)
+
+    def reference_nll(self, test: Tensor, chunk: int = 1000) -> float:
+        """Test NLL from a tight float64 exact-trace solve of this contender's field."""
+        features = test.shape[-1]
+        if self.kind == "zuko":
+            transform = self.model.transform
+
+            class Field(nn.Module):
+                def __init__(self) -> None:
+                    super().__init__()
+                    self.inner = transform
+
+                def forward(self, t: Tensor, z: Tensor) -> Tensor:
+                    return self.inner.f(t, z)
+
+            field = Field()
+        else:
+            field = self.model.transform[0].field
+        reference = flows.CNF(features, field=field, rtol=1e-8, atol=1e-8)
+        flow = flows.Flow(reference, flows.StandardNormal(features)).double()
+        values = []
+        with torch.no_grad():
+            for part in test.double().split(chunk):
+                values.append(-flow.log_prob(part))
+        self.model.float()
+        return float(torch.cat(values).mean())
+
+
+def make_contenders(names: list[str], features: int, rnode: float, seed: int) -> list[Contender]:
+    import zuko
+
+    makers: dict[str, Callable[[], Contender]] = {
+        "zuko": lambda: Contender("zuko CNF (exact, ELU)", zuko.flows.CNF(features, hidden_features=HIDDEN), "zuko"),
+        "zuko-matched": lambda: Contender(
+            "zuko CNF (exact, Tanh, freqs=1)",
+            zuko.flows.CNF(features, hidden_features=HIDDEN, activation=nn.Tanh, freqs=1),
+            "zuko",
+        ),
+        "zuko-hutchinson": lambda: Contender(
+            "zuko CNF (Hutchinson)", zuko.flows.CNF(features, hidden_features=HIDDEN, exact=False), "zuko"
+        ),
+        "flows": lambda: Contender(
+            "flows FFJORD (exact)", flows.FFJORD(features, hidden=HIDDEN, trace="exact"), "flows"
+        ),
+        "flows-hutchinson": lambda: Contender(
+            "flows FFJORD (Hutchinson, exact eval)", flows.FFJORD(features, hidden=HIDDEN), "flows"
+        ),
+        "flows+rnode": lambda: Contender(
+            f"flows FFJORD (exact) + RNODE {rnode:g}",
+            flows.FFJORD(features, hidden=HIDDEN, trace="exact", kinetic=rnode, jacobian=rnode),
+            "flows",
+        ),
+        "flows-hutchinson+rnode": lambda: Contender(
+            f"flows FFJORD (Hutchinson) + RNODE {rnode:g}",
+            flows.FFJORD(features, hidden=HIDDEN, kinetic=rnode, jacobian=rnode),
+            "flows",
+        ),
+    }
+    out = []
+    for name in names:
+        if name not in makers:
+            raise ValueError(f"expected contenders among {sorted(makers)}, got {name!r}")
+        torch.manual_seed(seed)
+        out.append(makers[name]())
+        out[-1].key = name
+    return out
+
+
+def main(argv: list[str] | None = None) -> dict[str, dict[str, float]]:
+    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser.add_argument("--problem", choices=("moons", "miniboone"), default="moons")
+    parser.add_argument("--epochs", type=int, default=40)
+    parser.add_argument("--batch-size", type=int, default=256)
+    parser.add_argument("--rnode", type=float, default=0.01, help="RNODE weight (kinetic and Jacobian)")
+    parser.add_argument("--contenders", nargs="+", default=None)
+    parser.add_argument("--limit", type=int, default=None, help="use only this many train/test rows (smoke tests)")
+    parser.add_argument("--no-reference", action="store_true", help="skip the tight reference solve")
+    parser.add_argument("--seed", type=int, default=0)
+    args = parser.parse_args(argv)
+
+    torch.set_num_threads(1)
+    train, test = load_problem(args.problem)
+    if args.limit:
+        train, test = train[: args.limit], test[: args.limit]
+    default = ["zuko", "flows", "flows+rnode"]
+    if args.problem == "miniboone":
+        default = ["zuko", "zuko-hutchinson", "flows-hutchinson", "flows-hutchinson+rnode"]
+    contenders = make_contenders(args.contenders or default, train.shape[-1], args.rnode, args.seed)
+    print(
+        f"problem {args.problem}: {len(train)} train / {len(test)} test, D={train.shape[-1]}, "
+        f"{args.epochs} epochs of batch {args.batch_size}, hidden {HIDDEN}, threads {torch.get_num_threads()}"
+    )
+
+    generator = torch.Generator().manual_seed(args.seed)
+    steps_per_epoch = math.ceil(len(train) / args.batch_size)
+    for epoch in range(args.epochs):
+        order = torch.randperm(len(train), generator=generator)
+        losses = {c.name: [] for c in contenders}
+        for i in range(steps_per_epoch):
+            x = train[order[i * args.batch_size : (i + 1) * args.batch_size]]
+            turn = contenders[i % len(contenders) :] + contenders[: i % len(contenders)]
+            for c in turn:
+                losses[c.name].append(c.step(x))
+        if epoch == 0 or (epoch + 1) % max(1, args.epochs // 8) == 0 or epoch + 1 == args.epochs:
+            text = "  ".join(f"{c.key} {statistics.mean(losses[c.name]):.3f}" for c in contenders)
+            nfes = " ".join(str(c.train_nfe[-1]) for c in contenders)
+            print(f"epoch {epoch + 1:3d}  train NLL  {text}   NFE {nfes}", flush=True)
+
+    baseline = contenders[0]
+    results: dict[str, dict[str, float]] = {}
+    header = (
+        f"{'contender':42s} {'test NLL':>9s} {'ref NLL':>9s} {'train s':>8s} {'ratio':>6s} "
+        f"{'med ms':>7s} {'ratio':>6s} {'NFE tr':>7s} {'NFE te':>7s}"
+    )
+    print("\n" + header + "\n" + "-" * len(header))
+    last = steps_per_epoch
+    for c in contenders:
+        nll, nfe = c.test_nll(test)
+        ref = float("nan") if args.no_reference else c.reference_nll(test)
+        total, median = sum(c.step_times), statistics.median(c.step_times)
+        results[c.name] = {
+            "test_nll": nll,
+            "reference_nll": ref,
+            "train_seconds": total,
+            "time_ratio": total / sum(baseline.step_times),
+            "median_step_ms": 1e3 * median,
+            "median_ratio": median / statistics.median(baseline.step_times),
+            "train_nfe": statistics.mean(c.train_nfe[-last:]),
+            "test_nfe": nfe,
+        }
+        r = results[c.name]
+        print(
+            f"{c.name:42s} {nll:9.3f} {ref:9.3f} {total:8.1f} {r['time_ratio']:6.2f} {r['median_step_ms']:7.1f} "
+            f"{r['median_ratio']:6.2f} {r['train_nfe']:7.1f} {nfe:7.1f}",
+            flush=True,
+        )
+    print(
+        "\nratios are to the first contender; NFE tr = forward-solve evaluations per training step (last "
+        "epoch mean), NFE te = per test chunk of 1000."
+    )
+    if args.problem == "miniboone":
+        print("MiniBooNE-small (train on val, test on test): not comparable to published MINIBOONE numbers.")
+    return results
+
+
+if __name__ == "__main__":
+    main()
