@@ -19,8 +19,8 @@ which is exact for points of :math:`\mathcal M`. A point off the manifold gets t
 :math:`g(f(x))`, the point it is mapped to (its orthogonal projection for :class:`InjectiveLinear`).
 For ``d = D`` both reduce to ordinary bijections (``½ log det(JᵀJ) = log|det J|``).
 
-Neither can pass :func:`~flows.testing.check_bijection` (the Jacobian is ``D × d``); their oracles
-(volume term vs the autograd Jacobian, left inverse, projection) are in ``tests/test_injective.py``.
+Neither can pass :func:`~flows.testing.check_bijection` (``D × d`` Jacobian); their oracles are
+in ``tests/test_injective.py``.
 
 References:
     Caterini, Loaiza-Ganem, Pleiss, Cunningham (2021), "Rectangular Flows for Manifold Learning",
@@ -133,10 +133,9 @@ class InjectiveLinear(Bijection):
       = -\sum_i \log|R_{ii}|`;
     * inverse: :math:`x = Wz + b`, second output :math:`+\sum_i \log|R_{ii}|`.
 
-    Cost O(D d²) per call for the QR (independent of the batch) plus O(D d) per sample. ``W`` must
-    keep full column rank (it does generically; a rank-deficient ``W`` gives infinite outputs).
-    Composes with bijections on the latent side: ``Chain(InjectiveLinear(D, d), *bijections_on_R^d)``;
-    the ``d = D`` case is an unconstrained invertible linear map.
+    Cost: one O(D d²) QR per call plus O(D d) per sample. ``W`` must keep full column rank (a
+    rank-deficient ``W`` gives infinite outputs). Composes with bijections on the latent side:
+    ``Chain(InjectiveLinear(D, d), *bijections_on_R^d)``; ``d = D`` is an invertible linear map.
 
     References:
         Caterini, Loaiza-Ganem, Pleiss, Cunningham (2021), "Rectangular Flows for Manifold
@@ -238,8 +237,8 @@ class FreeFormInjective(Bijection):
             (two reverse passes through the decoder graph that the reconstruction builds anyway;
             needs twice-differentiable decoder ops, which the encoder needs too) or ``"forward"``
             (forward-mode dual numbers, as in the reference implementation; needs forward-AD
-            support). Same values; on CPU with small networks eager forward-mode AD carries a large
-            per-op overhead, which made ``"forward"`` steps 10-30 % slower in ``benchmarks/injective.py``.
+            support). Same values; eager forward-mode AD has a large per-op overhead on CPU, which
+            made ``"forward"`` training steps 5-25 % slower in ``benchmarks/injective.py``.
 
     Example:
         >>> import torch
@@ -267,21 +266,10 @@ class FreeFormInjective(Bijection):
         if not isinstance(context, int) or context < 0:
             raise ValueError(f"FreeFormInjective: expected context to be an int >= 0, got {context!r}")
         super().__init__(features, latent_features)
-        self.context_features = context
-        self.jvp = jvp
+        self.features, self.latent_features, self.context_features, self.jvp = features, latent_features, context, jvp
         mlp = {"hidden": hidden, "context": context, "activation": activation, "zero_init": False}
         self.encoder = MLP(features, latent_features, **mlp) if encoder is None else encoder
         self.decoder = MLP(latent_features, features, **mlp) if decoder is None else decoder
-
-    @property
-    def features(self) -> int:
-        """Data dimension ``D``."""
-        return self.event_shape[0]
-
-    @property
-    def latent_features(self) -> int:
-        """Manifold dimension ``d``."""
-        return self.event_shape_out[0]
 
     def _call(self, net: nn.Module, x: Tensor, context: Tensor | None, size: int, what: str) -> Tensor:
         if self.context_features:
@@ -386,11 +374,9 @@ class FreeFormInjective(Bijection):
         return x_rec, jvs
 
     def _double_backward_jvps(self, z: Tensor, probes: Tensor, context: Tensor | None) -> tuple[Tensor, list[Tensor]]:
-        """Decoder output and detached ``J_g v_k`` by the double-backward trick.
+        """Decoder output and detached ``J_g v_k = ∂/∂u [(uᵀJ_g) v_k]``, ``uᵀJ_g`` a VJP built with ``create_graph``.
 
-        ``w(u) = uᵀ J_g`` is a reverse-mode VJP built with ``create_graph`` (linear in a dummy
-        ``u``); differentiating ``w · v`` with respect to ``u`` gives ``J_g v``. Reuses the
-        decoder's forward graph, which the reconstruction loss needs anyway.
+        Reuses the decoder's forward graph, which the reconstruction loss needs anyway.
         """
         x_rec = self.decode(z, context)
         u = torch.zeros_like(x_rec, requires_grad=True)
