@@ -3,5 +3,15 @@
 from flows.data.dequantization import uniform_dequantize
 from flows.data.digits import DIGITS_LEVELS, load_digits
 from flows.data.files import KNOWN_FILES, data_dir, data_file, download
+from flows.data.loader import TensorLoader
 
-__all__ = ["DIGITS_LEVELS", "KNOWN_FILES", "data_dir", "data_file", "download", "load_digits", "uniform_dequantize"]
+__all__ = [
+    "DIGITS_LEVELS",
+    "KNOWN_FILES",
+    "TensorLoader",
+    "data_dir",
+    "data_file",
+    "download",
+    "load_digits",
+    "uniform_dequantize",
+]
