@@ -25,6 +25,7 @@ from flows.bijections import (
     Permutation,
     Reverse,
     Sigmoid,
+    Standardize,
     Transformer,
 )
 from flows.distributions import DiagNormal, Distribution, StandardNormal
@@ -62,6 +63,7 @@ __all__ = [
     "Reverse",
     "Sigmoid",
     "StandardNormal",
+    "Standardize",
     "Transformer",
     "__version__",
     "add_auxiliary_loss",
