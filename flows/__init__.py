@@ -27,8 +27,10 @@ from flows.bijections import (
     Permutation,
     Reverse,
     Sigmoid,
+    Standardize,
     Transformer,
 )
+from flows.dependent import DependentFlow, MatrixNormal
 from flows.distributions import DiagNormal, Distribution, StandardNormal
 from flows.flow import Flow, evaluating
 from flows.nn import MLP
@@ -51,6 +53,7 @@ __all__ = [
     "BijectionCheckError",
     "Chain",
     "Coupling",
+    "DependentFlow",
     "DiagNormal",
     "Distribution",
     "Elementwise",
@@ -62,11 +65,13 @@ __all__ = [
     "InverseNotAvailable",
     "LULinear",
     "Logit",
+    "MatrixNormal",
     "Permutation",
     "RealNVP",
     "Reverse",
     "Sigmoid",
     "StandardNormal",
+    "Standardize",
     "Transformer",
     "__version__",
     "add_auxiliary_loss",
