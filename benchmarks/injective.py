@@ -81,9 +81,11 @@ def _steps(features: int, latent: int, hidden: int, batch: int) -> dict[str, Cal
     }
 
 
-def cost(repeats: int, inner: int) -> None:
+def cost(repeats: int, inner: int, configs: list[tuple[str, int, int, int, int]]) -> dict[str, float]:
+    """Print (and return, keyed ``"<config>: <step>"``) the median cost of each step over the autoencoder step."""
+    ratios: dict[str, float] = {}
     print(f"torch {torch.__version__}, {torch.get_num_threads()} thread(s); medians of {repeats} interleaved rounds")
-    for name, features, latent, hidden, batch in CONFIGS:
+    for name, features, latent, hidden, batch in configs:
         steps = _steps(features, latent, hidden, batch)
         for fn in steps.values():  # warm-up
             fn()
@@ -99,6 +101,8 @@ def cost(repeats: int, inner: int) -> None:
         for key, values in times.items():
             median = statistics.median(values)
             print(f"  {key:28s} {1e3 * median:8.2f} ms   {median / floor:5.2f}x autoencoder step")
+            ratios[f"{name}: {key}"] = median / floor
+    return ratios
 
 
 def quality(steps: int, out: Path, miniboone: bool) -> None:
@@ -123,20 +127,23 @@ def quality(steps: int, out: Path, miniboone: bool) -> None:
             print(f"  {key:32s} {value:10.4f}")
 
 
-def main(argv: list[str] | None = None) -> None:
+def main(argv: list[str] | None = None) -> dict[str, float]:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--part", choices=("cost", "quality", "all"), default="all")
     parser.add_argument("--repeats", type=int, default=15, help="interleaved timing rounds")
     parser.add_argument("--inner", type=int, default=5, help="steps per timing round")
     parser.add_argument("--steps", type=int, default=3000, help="training steps per model (quality part)")
     parser.add_argument("--miniboone", action="store_true", help="also run MiniBooNE (needs FLOWS_DATA_DIR)")
+    parser.add_argument("--tiny", action="store_true", help="one tiny cost configuration (a smoke run)")
     parser.add_argument("--out", type=Path, default=Path("runs/injective_benchmark"))
     args = parser.parse_args(argv)
     torch.set_num_threads(1)
+    ratios: dict[str, float] = {}
     if args.part in ("cost", "all"):
-        cost(args.repeats, args.inner)
+        ratios = cost(args.repeats, args.inner, [("tiny", 3, 2, 8, 16)] if args.tiny else CONFIGS)
     if args.part in ("quality", "all"):
         quality(args.steps, args.out, args.miniboone)
+    return ratios
     torch.set_num_threads(1)
 
 

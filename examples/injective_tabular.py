@@ -1,8 +1,9 @@
 """Injective flows on a tabular data set: a free-form injective flow (FIF), a linear injective flow and RealNVP.
 
-Data: scikit-learn's breast-cancer table (569 × 30, shipped with scikit-learn, 80/20 split) or
-MiniBooNE (43 features; train on the MAF validation split, test on the test split; needs
-``FLOWS_DATA_DIR``). Features are standardised with the training statistics.
+Data: scikit-learn's breast-cancer table (569 × 30, shipped with scikit-learn; 64/16/20 % train,
+validation, test) or MiniBooNE (43 features; the MAF validation split split 80/20 into train and
+validation, tested on the test split; needs ``FLOWS_DATA_DIR``). Features are standardised with
+the training statistics.
 
 Models, all with a RealNVP density on their latent space:
 
@@ -31,30 +32,22 @@ import time
 from collections.abc import Callable
 from pathlib import Path
 
-import numpy as np
 import torch
 
 import flows
+from flows.data import load_miniboone, load_sklearn_table, split_data
 
 
-def load(name: str, seed: int) -> tuple[torch.Tensor, torch.Tensor]:
-    """Standardised (train, test) tensors."""
+def load(name: str, seed: int) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+    """Standardised (train, validation, test) tensors; the validation rows select the model."""
     if name == "breast_cancer":
-        from sklearn.datasets import load_breast_cancer
-
-        table = load_breast_cancer().data
-        order = np.random.default_rng(seed).permutation(len(table))
-        cut = int(0.8 * len(table))
-        train, test = table[order[:cut]], table[order[cut:]]
+        train, validation, test = split_data(load_sklearn_table(name), (0.16, 0.2), seed=seed)
     else:
-        from flows.data.files import data_file
-
-        arrays = np.load(data_file("miniboone_maf_valtest.npz"))
-        train, test = arrays["val"], arrays["test"]
-    mean, std = train.mean(0), train.std(0)
-    std[std == 0] = 1.0
-    return (torch.as_tensor((train - mean) / std, dtype=torch.float32),
-            torch.as_tensor((test - mean) / std, dtype=torch.float32))  # fmt: skip
+        splits = load_miniboone()
+        train, validation = split_data(splits["val"], (0.2,), seed=seed)
+        test = splits["test"]
+    mean, std = train.mean(0), train.std(0).clamp_min(1e-8)
+    return tuple((x - mean) / std for x in (train, validation, test))
 
 
 def train(
@@ -149,9 +142,7 @@ def main(argv: list[str] | None = None) -> dict[str, float]:
 
     torch.set_num_threads(args.threads)
     torch.manual_seed(args.seed)
-    train_data, test = load(args.dataset, args.seed)
-    cut = int(0.8 * len(train_data))  # the last 20 % of the (shuffled) training rows select the model
-    train_data, validation = train_data[:cut], train_data[cut:]
+    train_data, validation, test = load(args.dataset, args.seed)
     features, d, sigma = train_data.shape[1], args.latent, args.noise
     hidden = (args.hidden, args.hidden)
     sizes = f"{len(train_data)} train, {len(validation)} validation, {len(test)} test rows"
