@@ -4,7 +4,7 @@ Direction convention: a transform's forward direction maps data ``x`` to latent 
 ``log p(x) = log p_Z(f(x)) + log|det J_f(x)|``. Sampling runs the inverse.
 """
 
-from flows.architectures import FFJORD, NICE, RealNVP
+from flows.architectures import FFJORD, NICE, FreeFormInjectiveFlow, RealNVP
 from flows.auxiliary import AuxiliaryLosses, add_auxiliary_loss
 from flows.bijections import (
     CNF,
@@ -19,6 +19,8 @@ from flows.bijections import (
     Chain,
     Coupling,
     Elementwise,
+    FreeFormInjective,
+    InjectiveLinear,
     Inverse,
     InverseNotAvailable,
     Logit,
@@ -26,6 +28,7 @@ from flows.bijections import (
     Permutation,
     Reverse,
     Sigmoid,
+    Standardize,
     Transformer,
 )
 from flows.dependent import DependentFlow, MatrixNormal
@@ -58,6 +61,9 @@ __all__ = [
     "Distribution",
     "Elementwise",
     "Flow",
+    "FreeFormInjective",
+    "FreeFormInjectiveFlow",
+    "InjectiveLinear",
     "Inverse",
     "InverseNotAvailable",
     "LULinear",
@@ -68,6 +74,7 @@ __all__ = [
     "Reverse",
     "Sigmoid",
     "StandardNormal",
+    "Standardize",
     "TimeMLP",
     "Transformer",
     "__version__",

@@ -17,15 +17,6 @@ from flows.testing import check_bijection, perturb_parameters
 F64 = torch.float64
 
 
-@pytest.fixture(autouse=True)
-def _one_thread():
-    """These solves are many small ops: one thread is faster and steadier on a shared machine."""
-    threads = torch.get_num_threads()
-    torch.set_num_threads(1)
-    yield
-    torch.set_num_threads(threads)
-
-
 class Linear(nn.Module):
     """The linear field f(t, z) = A z (autograd traces: it has no jvp method)."""
 

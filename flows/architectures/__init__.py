@@ -5,5 +5,6 @@ One module per family; every builder is a :class:`~flows.flow.Flow` subclass.
 
 from flows.architectures.continuous import FFJORD
 from flows.architectures.coupling import NICE, RealNVP
+from flows.architectures.injective import FreeFormInjectiveFlow
 
-__all__ = ["FFJORD", "NICE", "RealNVP"]
+__all__ = ["FFJORD", "NICE", "FreeFormInjectiveFlow", "RealNVP"]
