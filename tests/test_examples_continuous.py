@@ -27,11 +27,12 @@ def _restore_threads():
 
 
 def test_cnf_toy_smoke(tmp_path: Path, capsys) -> None:
-    argv = ["--epochs", "1", "--samples", "300", "--hidden", "8", "--rnode", "0.01", "--out", str(tmp_path)]
+    argv = ["--epochs", "2", "--limit", "200", "--hidden", "8", "--rnode", "0.01", "--out", str(tmp_path)]
     nll = _main(ROOT / "examples" / "cnf_toy.py")(argv)
-    assert 1.0 < nll < 5.0  # a 2-D standardised toy after one epoch: near the Gaussian's 2.84
+    assert 0.0 < nll < 3.0  # moons after two tiny epochs: near a Gaussian fit (about 1.5 nats in data units)
     assert (tmp_path / "density.png").stat().st_size > 1000
-    assert "test NLL" in capsys.readouterr().out
+    out = capsys.readouterr().out
+    assert "test NLL" in out and "nfe" in out and "aux_rnode_kinetic" in out
 
 
 def test_cnf_tabular_smoke_offline(capsys) -> None:

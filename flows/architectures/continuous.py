@@ -7,7 +7,7 @@ from collections.abc import Sequence
 from torch import nn
 
 from flows.bijections.base import Chain
-from flows.bijections.continuous import CNF
+from flows.bijections.continuous import CNF, total_nfe
 from flows.distributions import StandardNormal
 from flows.flow import Flow
 
@@ -107,4 +107,4 @@ class FFJORD(Flow):
     @property
     def nfe(self) -> int:
         """Evaluations of the fields in the last solve of every block, summed."""
-        return sum(m.nfe for m in self.modules() if isinstance(m, CNF))
+        return total_nfe(self)

@@ -1,7 +1,7 @@
 """Bijections: the transform contract and every invertible layer of the library."""
 
 from flows.bijections.base import Bijection, Chain, Inverse, InverseNotAvailable
-from flows.bijections.continuous import CNF
+from flows.bijections.continuous import CNF, total_nfe
 from flows.bijections.coupling import AdditiveCoupling, AffineCoupling, Coupling, alternating_mask, half_mask
 from flows.bijections.elementwise import Affine, Elementwise, Logit, Sigmoid
 from flows.bijections.injective import FreeFormInjective, InjectiveLinear, half_log_det_gram, orthogonal_probes
@@ -39,4 +39,5 @@ __all__ = [
     "half_log_det_gram",
     "half_mask",
     "orthogonal_probes",
+    "total_nfe",
 ]

@@ -14,7 +14,7 @@ from flows.auxiliary import add_auxiliary_loss, collecting_auxiliary_losses
 from flows.bijections.base import Bijection
 from flows.nn import TimeMLP
 
-__all__ = ["CNF", "SOLVERS", "TRACES"]
+__all__ = ["CNF", "SOLVERS", "TRACES", "total_nfe"]
 
 TRACES = ("exact", "hutchinson")
 NOISES = ("rademacher", "gaussian")
@@ -399,3 +399,17 @@ class CNF(Bijection):
         if self.kinetic or self.jacobian:
             text += f", kinetic={self.kinetic:g}, jacobian={self.jacobian:g}"
         return text
+
+
+def total_nfe(module: nn.Module) -> int:
+    """Field evaluations of the last solve of every :class:`CNF` inside ``module``, summed.
+
+    Example:
+        >>> import torch
+        >>> from flows import FFJORD
+        >>> flow = FFJORD(2, transforms=2, hidden=(8,))
+        >>> _ = flow.log_prob(torch.randn(3, 2))
+        >>> total_nfe(flow) == sum(block.nfe for block in flow.transform)
+        True
+    """
+    return sum(m.nfe for m in module.modules() if isinstance(m, CNF))
