@@ -9,10 +9,11 @@ Every contender has the same field width (MLP 64-64 on ``[z, cos(πkt), sin(πkt
 integrated over t in [0, 1] with dopri5) and the same optimiser (Adam, lr 3e-3), and sees the
 same batches; one training step of each runs in turn (interleaved, one thread), so machine load
 hits all alike. Reported per contender: test NLL (nats, eval mode, each model's own solver and
-trace: exact for every contender) at equal epochs, the same NLL recomputed by a reference solve
-(rtol = atol = 1e-8, float64, exact trace; zuko's fields are wrapped into a flows ``CNF`` for it),
-total and median training-step time and their ratio to zuko's default, and the number of function
-evaluations (NFE) of the forward solve in training (last epoch mean) and at test time.
+trace: exact for every contender) at equal epochs; its error against a reference solve of the same
+field (rtol = atol = 1e-8, float64, exact trace; zuko's fields are wrapped into a flows ``CNF``
+for it), on the first test rows; total and median training-step time and their ratios to the first
+contender; and the number of function evaluations (NFE) of the forward solve in training (last
+epoch mean) and at test time.
 
 What zuko's ``CNF`` does (zuko 1.6, ``zuko/transforms.py`` and ``zuko/utils.py``): dopri5 with a
 max-norm error over the whole batch (atol 1e-6, rtol 1e-5, the log-det scaled by 1e-2 to relax
@@ -23,9 +24,11 @@ flows' ``CNF`` uses torchdiffeq's dopri5 with an RMS error norm (rtol = atol = 1
 field whose Jacobian-vector products are propagated in forward mode inside the same pass (no
 double backward), and direct backpropagation through the solver.
 
-    python benchmarks/cnf.py --problem moons --epochs 40          # ~6 min on one thread
-    python benchmarks/cnf.py --problem miniboone --epochs 3       # zuko's exact trace: ~1 min/epoch
-    python benchmarks/cnf.py --problem miniboone --epochs 20 --contenders zuko-hutchinson flows flows+rnode
+    python benchmarks/cnf.py --problem moons --epochs 25                 # ~8 min on a loaded core
+    python benchmarks/cnf.py --problem moons --epochs 60 --contenders flows flows+rnode0.01 flows+rnode0.1 \
+        --rnode 0.01 0.1                                                  # RNODE: NFE against NLL
+    python benchmarks/cnf.py --problem miniboone --epochs 2              # zuko's exact trace: ~4 min/epoch
+    python benchmarks/cnf.py --problem miniboone --epochs 20 --contenders zuko-hutchinson flows-hutchinson
 """
 
 from __future__ import annotations
@@ -36,12 +39,11 @@ import statistics
 import time
 from collections.abc import Callable
 
-import numpy as np
 import torch
 from torch import Tensor, nn
 
 import flows
-from flows.data import data_file
+from flows.data import load_miniboone
 
 HIDDEN = (64, 64)
 LR = 3e-3
@@ -57,8 +59,8 @@ def load_problem(name: str, seed: int = 0) -> tuple[Tensor, Tensor]:
         x = (x - x.mean(0)) / x.std(0)
         return x[:4000], x[4000:]
     if name == "miniboone":
-        with np.load(data_file("miniboone_maf_valtest.npz")) as archive:
-            return torch.tensor(archive["val"]), torch.tensor(archive["test"])
+        splits = load_miniboone()
+        return splits["val"], splits["test"]
     raise ValueError(f"expected problem 'moons' or 'miniboone', got {name!r}")
 
 
@@ -81,7 +83,6 @@ class Contender:
                 return field(*args, **kwargs)
 
             transform.f = counted
-            self._zuko_field = field
 
     def log_prob(self, x: Tensor) -> Tensor:
         self._calls = 0
@@ -105,18 +106,18 @@ class Contender:
         return float(nll.detach())
 
     @torch.no_grad()
-    def test_nll(self, test: Tensor, chunk: int = 1000) -> tuple[float, float]:
-        """Mean test NLL with the model's own solver (eval mode) and the mean forward NFE."""
+    def test_nll(self, test: Tensor, chunk: int = 1000) -> tuple[Tensor, float]:
+        """Per-row test NLL with the model's own solver (eval mode) and the mean forward NFE per chunk."""
         self.model.eval()
         values, nfes = [], []
         for part in test.split(chunk):
             values.append(-self.log_prob(part))
             nfes.append(self.nfe)
         self.model.train()
-        return float(torch.cat(values).mean()), statistics.mean(nfes)
+        return torch.cat(values), statistics.mean(nfes)
 
-    def reference_nll(self, test: Tensor, chunk: int = 1000) -> float:
-        """Test NLL from a tight float64 exact-trace solve of this contender's field."""
+    def reference_nll(self, test: Tensor, chunk: int = 500) -> Tensor:
+        """Per-row test NLL from a tight float64 exact-trace solve (rtol = atol = 1e-8) of this contender's field."""
         features = test.shape[-1]
         if self.kind == "zuko":
             transform = self.model.transform
@@ -133,16 +134,15 @@ class Contender:
         else:
             field = self.model.transform[0].field
         reference = flows.CNF(features, field=field, rtol=1e-8, atol=1e-8)
-        flow = flows.Flow(reference, flows.StandardNormal(features)).double()
-        values = []
-        with torch.no_grad():
-            for part in test.double().split(chunk):
-                values.append(-flow.log_prob(part))
-        self.model.float()
-        return float(torch.cat(values).mean())
+        flow = flows.Flow(reference, flows.StandardNormal(features)).double()  # converts the model in place
+        try:
+            with torch.no_grad():
+                return torch.cat([-flow.log_prob(part) for part in test.double().split(chunk)]).float()
+        finally:
+            self.model.float()
 
 
-def make_contenders(names: list[str], features: int, rnode: float, seed: int) -> list[Contender]:
+def make_contenders(names: list[str], features: int, rnode: list[float], seed: int) -> list[Contender]:
     import zuko
 
     makers: dict[str, Callable[[], Contender]] = {
@@ -161,17 +161,18 @@ def make_contenders(names: list[str], features: int, rnode: float, seed: int) ->
         "flows-hutchinson": lambda: Contender(
             "flows FFJORD (Hutchinson, exact eval)", flows.FFJORD(features, hidden=HIDDEN), "flows"
         ),
-        "flows+rnode": lambda: Contender(
-            f"flows FFJORD (exact) + RNODE {rnode:g}",
-            flows.FFJORD(features, hidden=HIDDEN, trace="exact", kinetic=rnode, jacobian=rnode),
-            "flows",
-        ),
-        "flows-hutchinson+rnode": lambda: Contender(
-            f"flows FFJORD (Hutchinson) + RNODE {rnode:g}",
-            flows.FFJORD(features, hidden=HIDDEN, kinetic=rnode, jacobian=rnode),
-            "flows",
-        ),
     }
+    for weight in rnode:  # one contender per RNODE weight
+        makers[f"flows+rnode{weight:g}"] = lambda w=weight: Contender(
+            f"flows FFJORD (exact) + RNODE {w:g}",
+            flows.FFJORD(features, hidden=HIDDEN, trace="exact", kinetic=w, jacobian=w),
+            "flows",
+        )
+        makers[f"flows-hutchinson+rnode{weight:g}"] = lambda w=weight: Contender(
+            f"flows FFJORD (Hutchinson) + RNODE {w:g}",
+            flows.FFJORD(features, hidden=HIDDEN, kinetic=w, jacobian=w),
+            "flows",
+        )
     out = []
     for name in names:
         if name not in makers:
@@ -185,12 +186,16 @@ def make_contenders(names: list[str], features: int, rnode: float, seed: int) ->
 def main(argv: list[str] | None = None) -> dict[str, dict[str, float]]:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--problem", choices=("moons", "miniboone"), default="moons")
-    parser.add_argument("--epochs", type=int, default=40)
+    parser.add_argument("--epochs", type=int, default=25)
     parser.add_argument("--batch-size", type=int, default=256)
-    parser.add_argument("--rnode", type=float, default=0.01, help="RNODE weight (kinetic and Jacobian)")
+    parser.add_argument(
+        "--rnode", type=float, nargs="+", default=[0.01], help="RNODE weights (kinetic = Jacobian), one contender each"
+    )
     parser.add_argument("--contenders", nargs="+", default=None)
     parser.add_argument("--limit", type=int, default=None, help="use only this many train/test rows (smoke tests)")
-    parser.add_argument("--no-reference", action="store_true", help="skip the tight reference solve")
+    parser.add_argument(
+        "--reference-rows", type=int, default=1000, help="test rows for the tight reference solve (0: skip it)"
+    )
     parser.add_argument("--seed", type=int, default=0)
     args = parser.parse_args(argv)
 
@@ -198,9 +203,9 @@ def main(argv: list[str] | None = None) -> dict[str, dict[str, float]]:
     train, test = load_problem(args.problem)
     if args.limit:
         train, test = train[: args.limit], test[: args.limit]
-    default = ["zuko", "flows", "flows+rnode"]
+    default = ["zuko", "flows", *(f"flows+rnode{w:g}" for w in args.rnode)]
     if args.problem == "miniboone":
-        default = ["zuko", "zuko-hutchinson", "flows-hutchinson", "flows-hutchinson+rnode"]
+        default = ["zuko", "zuko-hutchinson", "flows-hutchinson", *(f"flows-hutchinson+rnode{w:g}" for w in args.rnode)]
     contenders = make_contenders(args.contenders or default, train.shape[-1], args.rnode, args.seed)
     print(
         f"problem {args.problem}: {len(train)} train / {len(test)} test, D={train.shape[-1]}, "
@@ -225,18 +230,22 @@ def main(argv: list[str] | None = None) -> dict[str, dict[str, float]]:
     baseline = contenders[0]
     results: dict[str, dict[str, float]] = {}
     header = (
-        f"{'contender':42s} {'test NLL':>9s} {'ref NLL':>9s} {'train s':>8s} {'ratio':>6s} "
+        f"{'contender':42s} {'test NLL':>9s} {'|Δref|':>8s} {'train s':>8s} {'ratio':>6s} "
         f"{'med ms':>7s} {'ratio':>6s} {'NFE tr':>7s} {'NFE te':>7s}"
     )
     print("\n" + header + "\n" + "-" * len(header))
     last = steps_per_epoch
+    rows = test[: args.reference_rows]
     for c in contenders:
         nll, nfe = c.test_nll(test)
-        ref = float("nan") if args.no_reference else c.reference_nll(test)
+        error = float("nan")
+        if args.reference_rows:
+            error = float((nll[: len(rows)] - c.reference_nll(rows)).abs().mean())
         total, median = sum(c.step_times), statistics.median(c.step_times)
         results[c.name] = {
-            "test_nll": nll,
-            "reference_nll": ref,
+            "test_nll": float(nll.mean()),
+            "test_nll_stderr": float(nll.std() / math.sqrt(len(nll))),
+            "reference_error": error,
             "train_seconds": total,
             "time_ratio": total / sum(baseline.step_times),
             "median_step_ms": 1e3 * median,
@@ -246,13 +255,15 @@ def main(argv: list[str] | None = None) -> dict[str, dict[str, float]]:
         }
         r = results[c.name]
         print(
-            f"{c.name:42s} {nll:9.3f} {ref:9.3f} {total:8.1f} {r['time_ratio']:6.2f} {r['median_step_ms']:7.1f} "
-            f"{r['median_ratio']:6.2f} {r['train_nfe']:7.1f} {nfe:7.1f}",
+            f"{c.name:42s} {r['test_nll']:9.3f} {error:8.1e} {total:8.1f} {r['time_ratio']:6.2f} "
+            f"{r['median_step_ms']:7.1f} {r['median_ratio']:6.2f} {r['train_nfe']:7.1f} {nfe:7.1f}",
             flush=True,
         )
+    stderr = max(r["test_nll_stderr"] for r in results.values())
     print(
-        "\nratios are to the first contender; NFE tr = forward-solve evaluations per training step (last "
-        "epoch mean), NFE te = per test chunk of 1000."
+        f"\ntest NLL standard errors <= {stderr:.3f}; |Δref| = mean |own solve - reference solve| per row on the "
+        f"first {len(rows)} test rows; ratios are to the first contender; NFE tr = forward-solve evaluations per "
+        "training step (last epoch mean), NFE te = per test chunk of 1000."
     )
     if args.problem == "miniboone":
         print("MiniBooNE-small (train on val, test on test): not comparable to published MINIBOONE numbers.")

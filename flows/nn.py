@@ -98,11 +98,13 @@ TIME_MLP_ACTIVATIONS = (nn.Tanh, nn.Softplus, nn.ELU, nn.SiLU, nn.Sigmoid)
 class TimeMLP(nn.Module):
     r"""Time-dependent vector field :math:`f(t, z; c)` for continuous flows, with fused Jacobian-vector products.
 
-    The network is an :class:`MLP` applied to :math:`[z, t]` (by default) or to
-    :math:`[z, \cos(\pi k t), \sin(\pi k t)]_{k=1..\text{freqs}}` (zuko's time embedding), and
-    the context ``c`` when there is one. Time features of high frequency make the field vary fast
-    in :math:`t` and the solver take more steps: on two moons, ``freqs=3`` needed 2-3x the
-    function evaluations of ``freqs=0`` for a worse likelihood.
+    The network is an :class:`MLP` applied to
+    :math:`[z, \cos(\pi k t), \sin(\pi k t)]_{k=1..\text{freqs}}` (zuko's time embedding; with
+    ``freqs=0``, to :math:`[z, t]`), and the context ``c`` when there is one. The default ``freqs=1``
+    is periodic in :math:`t` with period 2, ample for the usual interval ``[0, 1]``. Time features
+    of high frequency make the field vary fast in :math:`t` and the solver take more steps: on two
+    moons (25 epochs), ``freqs=3`` needed about 2x the function evaluations of ``freqs=1`` for a
+    worse likelihood, and ``freqs=0`` 15% fewer evaluations for a likelihood worse by 0.08 nats.
 
     Besides ``forward(t, z, context)``, :meth:`jvp` returns the field together with
     :math:`J v = (\partial f/\partial z) v` for a stack of tangents :math:`v`, propagated through
@@ -147,7 +149,7 @@ class TimeMLP(nn.Module):
         *,
         hidden: Sequence[int] = (64, 64),
         activation: Callable[[], nn.Module] = nn.Tanh,
-        freqs: int = 0,
+        freqs: int = 1,
         zero_init: bool = False,
     ) -> None:
         super().__init__()
