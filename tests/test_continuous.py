@@ -383,3 +383,16 @@ def test_bad_inputs() -> None:
         CNF((2, 2))
     with pytest.raises(ValueError, match=r"TimeMLP: expected features to be a positive int, got 0"):
         TimeMLP(0)
+
+
+def test_a_failing_solve_raises_a_clear_error() -> None:
+    class Blowup(nn.Module):
+        def forward(self, t: Tensor, z: Tensor) -> Tensor:
+            return z.exp() * 1e300  # overflows to inf at once
+
+    with pytest.raises(FloatingPointError, match=r"CNF: the ODE solve failed after \d+ evaluations"):
+        CNF(2, field=Blowup()).forward_and_log_det(_x(3, 2))
+    nan_input = _x(3, 2)
+    nan_input[1, 0] = float("nan")
+    with pytest.raises(FloatingPointError, match=r"expected a finite, non-stiff field: check the inputs"):
+        _cnf(2).forward_and_log_det(nan_input)

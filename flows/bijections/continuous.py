@@ -344,22 +344,27 @@ class CNF(Bijection):
         rtol, atol = max(self.rtol, floor), max(self.atol, floor)
         norm = _error_norm(features)
         options = {"norm": norm, **self.options}
-        if self.method in _ADAPTIVE_ORDER and "first_step" not in options:
-            options["first_step"] = _initial_step(
-                dynamics, times, state, _ADAPTIVE_ORDER[self.method], rtol, atol, norm
-            )
-        solve = dict(rtol=rtol, atol=atol, method=self.method, options=options)
         self.nfe_backward = 0
-        if self.adjoint:
-            params = tuple(p for p in self.field.parameters() if p.requires_grad)
-            if context is not None and context.requires_grad:
-                params = (*params, context)
-            out = odeint_adjoint(
-                dynamics, state, times, adjoint_params=params, adjoint_options=self.adjoint_options, **solve
-            )
-            dynamics.on_call = self._count_backward  # every later call belongs to the backward pass
-        else:
-            out = odeint(dynamics, state, times, **solve)
+        try:
+            if self.method in _ADAPTIVE_ORDER and "first_step" not in options:
+                order = _ADAPTIVE_ORDER[self.method]
+                options["first_step"] = _initial_step(dynamics, times, state, order, rtol, atol, norm)
+            solve = dict(rtol=rtol, atol=atol, method=self.method, options=options)
+            if self.adjoint:
+                params = tuple(p for p in self.field.parameters() if p.requires_grad)
+                if context is not None and context.requires_grad:
+                    params = (*params, context)
+                out = odeint_adjoint(
+                    dynamics, state, times, adjoint_params=params, adjoint_options=self.adjoint_options, **solve
+                )
+                dynamics.on_call = self._count_backward  # every later call belongs to the backward pass
+            else:
+                out = odeint(dynamics, state, times, **solve)
+        except AssertionError as error:  # torchdiffeq's checks: non-finite state, step underflow, step limit
+            raise FloatingPointError(
+                f"{who}: the ODE solve failed after {dynamics.calls} evaluations ({error}); expected a finite, "
+                "non-stiff field: check the inputs, lower the learning rate or loosen the tolerances"
+            ) from error
         self.nfe = dynamics.calls
         out = out[-1]
         z = out[:, :features].reshape(*batch, *event)
