@@ -29,6 +29,7 @@ double backward), and direct backpropagation through the solver.
         --rnode 0.01 0.1                                                  # RNODE: NFE against NLL
     python benchmarks/cnf.py --problem miniboone --epochs 2              # zuko's exact trace: ~4 min/epoch
     python benchmarks/cnf.py --problem miniboone --epochs 20 --contenders zuko-hutchinson flows-hutchinson
+    python benchmarks/cnf.py --problem trace                            # cost of one evaluation per trace route
 """
 
 from __future__ import annotations
@@ -183,9 +184,50 @@ def make_contenders(names: list[str], features: int, rnode: list[float], seed: i
     return out
 
 
+class _NoJVP(nn.Module):
+    """Hides a field's ``jvp`` method, so that the CNF takes its traces by reverse-mode autograd."""
+
+    def __init__(self, field: nn.Module) -> None:
+        super().__init__()
+        self.field = field
+
+    def forward(self, t: Tensor, z: Tensor) -> Tensor:
+        return self.field(t, z)
+
+
+def trace_cost(features: int, batch: int, repeats: int) -> dict[str, float]:
+    """Median ms of one field evaluation with its trace, forward and backward, by each route.
+
+    One Euler step of size ``t1 - t0`` is exactly one evaluation of the augmented dynamics, so the
+    public ``forward_and_log_det`` measures the cost per function evaluation in training.
+    """
+    torch.manual_seed(0)
+    field = flows.TimeMLP(features, hidden=HIDDEN)
+    solver = {"method": "euler", "options": {"step_size": 1.0}}
+    routes = {
+        "fused exact (TimeMLP.jvp, D tangents)": flows.CNF(features, field=field, **solver),
+        "autograd exact (D batched VJPs, as zuko)": flows.CNF(features, field=_NoJVP(field), **solver),
+        "fused Hutchinson (one tangent)": flows.CNF(features, field=field, trace="hutchinson", **solver),
+        "autograd Hutchinson (one VJP)": flows.CNF(features, field=_NoJVP(field), trace="hutchinson", **solver),
+    }
+    x = torch.randn(batch, features)
+    times: dict[str, list[float]] = {name: [] for name in routes}
+    for _ in range(repeats):
+        for name, cnf in routes.items():
+            start = time.perf_counter()
+            z, ladj = cnf.forward_and_log_det(x)
+            (z.sum() + ladj.sum()).backward()
+            times[name].append(time.perf_counter() - start)
+    medians = {name: 1e3 * statistics.median(t) for name, t in times.items()}
+    print(f"one evaluation + backward, D={features}, batch {batch}, hidden {HIDDEN}, {repeats} rounds, 1 thread")
+    for name, ms in medians.items():
+        print(f"  {name:42s} {ms:8.2f} ms")
+    return medians
+
+
 def main(argv: list[str] | None = None) -> dict[str, dict[str, float]]:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    parser.add_argument("--problem", choices=("moons", "miniboone"), default="moons")
+    parser.add_argument("--problem", choices=("moons", "miniboone", "trace"), default="moons")
     parser.add_argument("--epochs", type=int, default=25)
     parser.add_argument("--batch-size", type=int, default=256)
     parser.add_argument(
@@ -196,10 +238,13 @@ def main(argv: list[str] | None = None) -> dict[str, dict[str, float]]:
     parser.add_argument(
         "--reference-rows", type=int, default=1000, help="test rows for the tight reference solve (0: skip it)"
     )
+    parser.add_argument("--repeats", type=int, default=30, help="rounds of the trace-cost measurement")
     parser.add_argument("--seed", type=int, default=0)
     args = parser.parse_args(argv)
 
     torch.set_num_threads(1)
+    if args.problem == "trace":  # the cost of one evaluation by each trace route, D = 2 and 43
+        return {str(d): trace_cost(d, args.batch_size, args.repeats) for d in (2, 43)}
     train, test = load_problem(args.problem)
     if args.limit:
         train, test = train[: args.limit], test[: args.limit]

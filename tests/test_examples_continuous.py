@@ -59,3 +59,9 @@ def test_cnf_benchmark_smoke(capsys) -> None:
     assert all(math.isfinite(r["test_nll"]) and r["train_nfe"] > 0 for r in results.values())
     assert all(r["reference_error"] < 1e-3 for r in results.values())  # each solve agrees with a tight one
     assert "test NLL" in capsys.readouterr().out
+
+
+def test_cnf_trace_cost_smoke(capsys) -> None:
+    results = _main(ROOT / "benchmarks" / "cnf.py")(["--problem", "trace", "--repeats", "1", "--batch-size", "4"])
+    assert set(results) == {"2", "43"} and all(len(r) == 4 and min(r.values()) > 0 for r in results.values())
+    assert "autograd exact" in capsys.readouterr().out
