@@ -3,7 +3,7 @@ r"""Continuous normalizing flows: :class:`CNF`, an ODE solved with torchdiffeq, 
 from __future__ import annotations
 
 import math
-from collections.abc import Callable, Sequence
+from collections.abc import Sequence
 
 import torch
 from torch import Tensor, nn
@@ -11,6 +11,7 @@ from torchdiffeq import odeint, odeint_adjoint
 
 from flows._validation import check_context, check_event, format_shape
 from flows.auxiliary import add_auxiliary_loss, collecting_auxiliary_losses
+from flows.bijections._cnf_dynamics import ADAPTIVE_ORDER, Dynamics, error_norm, initial_step
 from flows.bijections.base import Bijection
 from flows.nn import TimeMLP
 
@@ -22,139 +23,6 @@ SOLVERS = (
     *("dopri5", "dopri8", "bosh3", "fehlberg2", "adaptive_heun"),  # adaptive: rtol, atol
     *("euler", "midpoint", "heun2", "heun3", "rk4", "explicit_adams", "implicit_adams", "fixed_adams"),  # step_size
 )
-
-
-class _Dynamics(nn.Module):
-    r"""The augmented right-hand side handed to torchdiffeq: ``[z, ℓ, r] ↦ [f, tr J, regularisers]``.
-
-    The state is one tensor ``(N, D + 1 + R)``: the flattened event ``z``, the log-determinant
-    ``ℓ`` and the ``R`` RNODE integrands (kinetic energy ``‖f‖²`` and/or ``‖J‖_F²``, integrated
-    with a positive sign whatever the direction of time). It is built per solve and holds that
-    solve's context and Hutchinson noise, so nothing outlives the call.
-    """
-
-    def __init__(
-        self,
-        cnf: CNF,
-        context: Tensor | None,
-        noise: Tensor | None,
-        trace: bool,
-        kinetic: bool,
-        frobenius: bool,
-        sign: float,
-    ) -> None:
-        super().__init__()
-        self.field = cnf.field
-        self.cnf_event = cnf.event_shape
-        self.context = context
-        self.noise = noise
-        self.trace, self.kinetic, self.frobenius, self.sign = trace, kinetic, frobenius, sign
-        self.fused = callable(getattr(cnf.field, "jvp", None))
-        self.features = math.prod(cnf.event_shape)
-        self.calls = 0
-        self.on_call: Callable[[], None] | None = None
-
-    def _field(self, t: Tensor, z: Tensor) -> Tensor:
-        return self.field(t, z) if self.context is None else self.field(t, z, self.context)
-
-    def _tangents(self, z: Tensor) -> Tensor:
-        """``(K, M, *event)``: the Hutchinson noise (K = 1) or the basis vectors (K = D, M = 1)."""
-        if self.noise is not None:
-            return self.noise[None]
-        basis = torch.eye(self.features, dtype=z.dtype, device=z.device)
-        return basis.reshape(self.features, 1, *self.cnf_event)
-
-    def _fused(self, t: Tensor, z: Tensor) -> tuple[Tensor, Tensor]:
-        """The field and ``J v`` (``(K, N, *event)``) through the field's own ``jvp``."""
-        tangents = self._tangents(z)
-        if self.context is None:
-            return self.field.jvp(t, z, tangents)
-        return self.field.jvp(t, z, tangents, self.context)
-
-    def _autograd(self, t: Tensor, z: Tensor) -> tuple[Tensor, Tensor]:
-        """The field and ``vᵀ J`` (``(K, N, *event)``) by reverse-mode autograd (any field)."""
-        create_graph = torch.is_grad_enabled()
-        with torch.enable_grad():
-            if not (create_graph and z.requires_grad):  # a fresh leaf unless z's history is needed
-                z = z.detach().requires_grad_(True)
-            f = self._field(t, z)
-            tangents = self._tangents(z)
-            if self.noise is not None:
-                rows = torch.autograd.grad(f, z, tangents[0], create_graph=create_graph)[0][None]
-            else:
-                grads = tangents.expand(self.features, *z.shape)
-                rows = torch.autograd.grad(f, z, grads, create_graph=create_graph, is_grads_batched=True)[0]
-        return f, rows
-
-    def forward(self, t: Tensor, state: Tensor) -> Tensor:
-        self.calls += 1
-        if self.on_call is not None:
-            self.on_call()
-        n = state.shape[0]
-        z = state[:, : self.features].reshape(n, *self.cnf_event)
-        products = None
-        if self.trace or self.frobenius:
-            f, products = self._fused(t, z) if self.fused else self._autograd(t, z)
-            products = products.reshape(products.shape[0], n, -1)
-        else:
-            f = self._field(t, z)
-        f = f.reshape(n, -1)
-        columns = [f]
-        if self.trace:
-            if self.noise is not None:
-                columns.append((products[0] * self.noise.reshape(n, -1)).sum(-1, keepdim=True))
-            else:
-                columns.append(products.diagonal(dim1=0, dim2=2).sum(-1, keepdim=True))
-        else:
-            columns.append(torch.zeros_like(f[:, :1]))
-        if self.kinetic:
-            columns.append(self.sign * f.square().sum(-1, keepdim=True))
-        if self.frobenius:
-            columns.append(self.sign * products.square().sum((0, 2))[:, None])
-        return torch.cat(columns, -1)
-
-
-def _error_norm(features: int):
-    """Error norm of the solver: the larger RMS of the state block and of the log-determinant column.
-
-    The RNODE columns are left out: they are penalties, their accuracy does not matter.
-    """
-
-    def norm(error: Tensor) -> Tensor:
-        if error.dim() != 2:  # the adjoint pass hands over flattened (time or parameter) tensors
-            return error.abs().pow(2).mean().sqrt()
-        return torch.maximum(
-            error[:, :features].square().mean().sqrt(), error[:, features : features + 1].square().mean().sqrt()
-        )
-
-    return norm
-
-
-_ADAPTIVE_ORDER = {"dopri5": 5, "dopri8": 8, "bosh3": 3, "fehlberg2": 2, "adaptive_heun": 2}
-
-
-@torch.no_grad()
-def _initial_step(
-    func: nn.Module, times: Tensor, y0: Tensor, order: int, rtol: float, atol: float, norm: Callable
-) -> Tensor:
-    """Hairer, Nørsett, Wanner (1993, §II.4)'s starting step, computed without a graph.
-
-    torchdiffeq's own choice is differentiable, which would make every later time point (and so
-    the output of one sample) depend on the whole batch through autograd; choosing it here keeps
-    the gradient that of the discretised map with a fixed step sequence. Costs two evaluations.
-    """
-    t0, direction = times[0], torch.sign(times[1] - times[0])
-    f0 = func(t0, y0)
-    scale = atol + y0.abs() * rtol
-    d0, d1 = norm(y0 / scale), norm(f0 / scale)
-    h0 = torch.full_like(d0, 1e-6) if d0 < 1e-5 or d1 < 1e-5 else 0.01 * d0 / d1
-    f1 = func(t0 + direction * h0, y0 + direction * h0 * f0)
-    d2 = norm((f1 - f0) / scale) / h0
-    if max(d1, d2) <= 1e-15:
-        h1 = torch.clamp(h0 * 1e-3, min=1e-6)
-    else:
-        h1 = (0.01 / torch.maximum(d1, d2)) ** (1.0 / order)
-    return torch.minimum(100 * h0, h1).to(times.dtype)
 
 
 class CNF(Bijection):
@@ -201,6 +69,8 @@ class CNF(Bijection):
         Dynamics for Scalable Reversible Generative Models", ICLR, arXiv:1810.01367.
         Finlay, Jacobsen, Nurbekyan, Oberman (2020), "How to train your neural ODE: the world of
         Jacobian and kinetic regularization", ICML, arXiv:2002.02798.
+        Kidger, Chen, Lyons (2021), "'Hey, that's not an ODE': Faster ODE Adjoints via Seminorms",
+        ICML, arXiv:2009.09457 (the adjoint's default error norm).
 
     Args:
         features: event size ``D`` (or an event shape, with a ``field`` that accepts it).
@@ -228,8 +98,11 @@ class CNF(Bijection):
         jacobian: weight of the RNODE Jacobian-Frobenius regulariser.
 
     Raises:
-        ValueError: for invalid sizes, names, tolerances or weights.
+        ValueError: for invalid sizes, names, tolerances or weights (and, when called, inputs or
+            contexts of the wrong shape).
         TypeError: if ``field`` is not an ``nn.Module``.
+        FloatingPointError: when called, if the solve fails (non-finite field or input, step-size
+            underflow).
 
     Example:
         >>> import torch
@@ -334,7 +207,7 @@ class CNF(Bijection):
             noise = self._noise(torch.Size((n, *event)), x)
         # RNODE integrands get the sign that makes their integrals positive in either direction.
         sign = math.copysign(1.0, self.t1 - self.t0) * (-1.0 if reverse else 1.0)
-        dynamics = _Dynamics(self, context, noise, log_det, kinetic, frobenius, sign)
+        dynamics = Dynamics(self.field, event, context, noise, log_det, kinetic, frobenius, sign)
         state = torch.cat((x.reshape(n, features), x.new_zeros(n, 1 + kinetic + frobenius)), -1)
         start, end = (self.t1, self.t0) if reverse else (self.t0, self.t1)
         times = torch.tensor((start, end), dtype=x.dtype, device=x.device)
@@ -342,13 +215,13 @@ class CNF(Bijection):
         # solve_ivp clips rtol at 100 eps for the same reason).
         floor = 10 * torch.finfo(x.dtype).eps
         rtol, atol = max(self.rtol, floor), max(self.atol, floor)
-        norm = _error_norm(features)
+        norm = error_norm(features)
         options = {"norm": norm, **self.options}
         self.nfe_backward = 0
         try:
-            if self.method in _ADAPTIVE_ORDER and "first_step" not in options:
-                order = _ADAPTIVE_ORDER[self.method]
-                options["first_step"] = _initial_step(dynamics, times, state, order, rtol, atol, norm)
+            if self.method in ADAPTIVE_ORDER and "first_step" not in options:
+                order = ADAPTIVE_ORDER[self.method]
+                options["first_step"] = initial_step(dynamics, times, state, order, rtol, atol, norm)
             solve = dict(rtol=rtol, atol=atol, method=self.method, options=options)
             if self.adjoint:
                 params = tuple(p for p in self.field.parameters() if p.requires_grad)
