@@ -110,11 +110,15 @@ class Contender:
     def test_nll(self, test: Tensor, chunk: int = 1000) -> tuple[Tensor, float]:
         """Per-row test NLL with the model's own solver (eval mode) and the mean forward NFE per chunk."""
         self.model.eval()
+        if self.kind == "zuko":  # exact log-likelihoods for every contender (zuko has no eval-only switch)
+            exact, self.model.transform.exact = self.model.transform.exact, True
         values, nfes = [], []
         for part in test.split(chunk):
             values.append(-self.log_prob(part))
             nfes.append(self.nfe)
         self.model.train()
+        if self.kind == "zuko":
+            self.model.transform.exact = exact
         return torch.cat(values), statistics.mean(nfes)
 
     def reference_nll(self, test: Tensor, chunk: int = 500) -> Tensor:
@@ -158,6 +162,11 @@ def make_contenders(names: list[str], features: int, rnode: list[float], seed: i
         ),
         "flows": lambda: Contender(
             "flows FFJORD (exact)", flows.FFJORD(features, hidden=HIDDEN, trace="exact"), "flows"
+        ),
+        "flows-zuko-field": lambda: Contender(
+            "flows FFJORD (exact, zuko's ELU/freqs-3 field)",
+            flows.FFJORD(features, hidden=HIDDEN, trace="exact", activation=nn.ELU, freqs=3),
+            "flows",
         ),
         "flows-hutchinson": lambda: Contender(
             "flows FFJORD (Hutchinson, exact eval)", flows.FFJORD(features, hidden=HIDDEN), "flows"

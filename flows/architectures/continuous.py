@@ -39,6 +39,7 @@ class FFJORD(Flow):
         transforms: number of CNF blocks.
         hidden: hidden widths of each block's field.
         activation: smooth nonlinearity of the fields (see :class:`~flows.nn.TimeMLP`).
+        freqs: time frequencies of the fields (``[cos πkt, sin πkt]``, k = 1..freqs; 0: ``t``).
         trace: trace estimator in train mode (``"hutchinson"`` or ``"exact"``).
         eval_trace: trace estimator in eval mode (``None``: as ``trace``).
         noise: Hutchinson noise, ``"rademacher"`` or ``"gaussian"``.
@@ -66,6 +67,7 @@ class FFJORD(Flow):
         transforms: int = 1,
         hidden: Sequence[int] = (64, 64),
         activation: type[nn.Module] = nn.Tanh,
+        freqs: int = 1,
         trace: str = "hutchinson",
         eval_trace: str | None = "exact",
         noise: str = "rademacher",
@@ -88,6 +90,7 @@ class FFJORD(Flow):
                 context,
                 hidden=hidden,
                 activation=activation,
+                freqs=freqs,
                 trace=trace,
                 eval_trace=eval_trace,
                 noise=noise,

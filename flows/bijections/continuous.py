@@ -75,9 +75,10 @@ class CNF(Bijection):
     Args:
         features: event size ``D`` (or an event shape, with a ``field`` that accepts it).
         context: context width (0 for an unconditional transform).
-        field: the vector field; default ``TimeMLP(features, context, hidden=hidden, activation=activation)``.
+        field: the vector field; default ``TimeMLP(features, context, hidden=..., activation=..., freqs=...)``.
         hidden: hidden widths of the default field.
         activation: nonlinearity of the default field (smooth; see :class:`~flows.nn.TimeMLP`).
+        freqs: time frequencies of the default field (0: ``t`` itself).
         trace: ``"exact"`` or ``"hutchinson"``.
         eval_trace: the trace used in eval mode (``None``: the same as ``trace``), e.g. train with
             ``"hutchinson"`` and evaluate exact log-likelihoods.
@@ -124,6 +125,7 @@ class CNF(Bijection):
         field: nn.Module | None = None,
         hidden: Sequence[int] = (64, 64),
         activation: type[nn.Module] = nn.Tanh,
+        freqs: int = 1,
         trace: str = "exact",
         eval_trace: str | None = None,
         noise: str = "rademacher",
@@ -161,7 +163,7 @@ class CNF(Bijection):
                     f"CNF: the default field needs vector events, got event shape {format_shape(self.event_shape)}; "
                     "pass field=..."
                 )
-            field = TimeMLP(self.event_shape[0], context, hidden=hidden, activation=activation)
+            field = TimeMLP(self.event_shape[0], context, hidden=hidden, activation=activation, freqs=freqs)
         elif not isinstance(field, nn.Module):
             raise TypeError(f"CNF: expected field to be an nn.Module, got {type(field).__name__}")
         if any(s is None for s in self.event_shape):
