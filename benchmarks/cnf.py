@@ -5,29 +5,33 @@ Problems: ``moons`` (2-D, scikit-learn's two moons, 4000 train / 2000 test point
 of ``$FLOWS_DATA_DIR/miniboone_maf_valtest.npz``; **not comparable to published numbers**, which
 train on 9x more data for far longer).
 
-Every contender has the same field width (MLP 64-64 on ``[z, cos(πkt), sin(πkt)]``, k = 1..3,
-integrated over t in [0, 1] with dopri5) and the same optimiser (Adam, lr 3e-3), and sees the
-same batches; one training step of each runs in turn (interleaved, one thread), so machine load
-hits all alike. Reported per contender: test NLL (nats, eval mode, each model's own solver and
-trace: exact for every contender) at equal epochs; its error against a reference solve of the same
-field (rtol = atol = 1e-8, float64, exact trace; zuko's fields are wrapped into a flows ``CNF``
-for it), on the first test rows; total and median training-step time and their ratios to the first
-contender; and the number of function evaluations (NFE) of the forward solve in training (last
-epoch mean) and at test time.
+Every contender has the same field width (an MLP 64-64 on the state and time features, integrated
+over t in [0, 1] with dopri5), the same optimiser (Adam, lr 3e-3) and sees the same batches; one
+training step of each runs in turn (interleaved, one thread), so machine load hits all alike.
+Contenders: zuko's ``CNF`` with its defaults (ELU, time features ``cos/sin(πkt)``, k = 1..3, exact
+trace; ``zuko-hutchinson``: ``exact=False``); flows' ``FFJORD`` with its default field (tanh, k = 1)
+and exact (``flows``) or Hutchinson (``flows-hutchinson``, exact at evaluation) traces, with RNODE
+(``flows+rnode<w>``), and with zuko's field design (``flows-zuko-field``: ELU, k = 1..3), which
+isolates the implementation from the choice of field. Reported per contender: test NLL (nats, eval
+mode, each model's own solver, exact trace for every contender) at equal epochs; its error against
+a reference solve of the same field (rtol = atol = 1e-8, float64, exact trace; zuko's fields are
+wrapped into a flows ``CNF`` for it) on the first test rows; total and median training-step time
+and their ratios to the first contender; and the number of function evaluations (NFE) of the
+forward solve in training (last epoch mean) and at test time.
 
 What zuko's ``CNF`` does (zuko 1.6, ``zuko/transforms.py`` and ``zuko/utils.py``): dopri5 with a
 max-norm error over the whole batch (atol 1e-6, rtol 1e-5, the log-det scaled by 1e-2 to relax
 its tolerance), exact trace by ``D`` batched vector-Jacobian products with ``create_graph``
 (default) or one Gaussian-noise product (``exact=False``), gradients by an adaptive checkpoint
 adjoint that re-runs every accepted step backwards (its NFE counts below are the forward solve).
-flows' ``CNF`` uses torchdiffeq's dopri5 with an RMS error norm (rtol = atol = 1e-5), a Tanh
-field whose Jacobian-vector products are propagated in forward mode inside the same pass (no
-double backward), and direct backpropagation through the solver.
+flows' ``CNF`` uses torchdiffeq's dopri5 with an RMS error norm (rtol = atol = 1e-5), a field
+whose Jacobian-vector products are propagated in forward mode inside the same pass (no double
+backward), and direct backpropagation through the solver.
 
-    python benchmarks/cnf.py --problem moons --epochs 25                 # ~8 min on a loaded core
+    python benchmarks/cnf.py --problem moons --epochs 25                 # ~10 min on a loaded core
     python benchmarks/cnf.py --problem moons --epochs 60 --contenders flows flows+rnode0.01 flows+rnode0.1 \
         --rnode 0.01 0.1                                                  # RNODE: NFE against NLL
-    python benchmarks/cnf.py --problem miniboone --epochs 2              # zuko's exact trace: ~4 min/epoch
+    python benchmarks/cnf.py --problem miniboone --epochs 6              # ~5 min (zuko's exact trace)
     python benchmarks/cnf.py --problem miniboone --epochs 20 --contenders zuko-hutchinson flows-hutchinson
     python benchmarks/cnf.py --problem trace                            # cost of one evaluation per trace route
 """
@@ -164,7 +168,7 @@ def make_contenders(names: list[str], features: int, rnode: list[float], seed: i
             "flows FFJORD (exact)", flows.FFJORD(features, hidden=HIDDEN, trace="exact"), "flows"
         ),
         "flows-zuko-field": lambda: Contender(
-            "flows FFJORD (exact, zuko's ELU/freqs-3 field)",
+            "flows FFJORD (exact, zuko's field)",
             flows.FFJORD(features, hidden=HIDDEN, trace="exact", activation=nn.ELU, freqs=3),
             "flows",
         ),
@@ -257,9 +261,10 @@ def main(argv: list[str] | None = None) -> dict[str, dict[str, float]]:
     train, test = load_problem(args.problem)
     if args.limit:
         train, test = train[: args.limit], test[: args.limit]
-    default = ["zuko", "flows", *(f"flows+rnode{w:g}" for w in args.rnode)]
+    default = ["zuko", "flows", "flows-zuko-field", *(f"flows+rnode{w:g}" for w in args.rnode)]
     if args.problem == "miniboone":
-        default = ["zuko", "zuko-hutchinson", "flows-hutchinson", *(f"flows-hutchinson+rnode{w:g}" for w in args.rnode)]
+        hutchinson = [f"flows-hutchinson+rnode{w:g}" for w in args.rnode]
+        default = ["zuko", "flows", "flows-zuko-field", "flows-hutchinson", *hutchinson]
     contenders = make_contenders(args.contenders or default, train.shape[-1], args.rnode, args.seed)
     print(
         f"problem {args.problem}: {len(train)} train / {len(test)} test, D={train.shape[-1]}, "
