@@ -6,6 +6,7 @@ from flows.bijections.elementwise import Affine, Elementwise, Logit, Sigmoid
 from flows.bijections.linear import LULinear
 from flows.bijections.normalization import ActNorm, ActNorm2d
 from flows.bijections.permutation import Permutation, Reverse
+from flows.bijections.stochastic import HMCBlock, LangevinBlock, MetropolisBlock, StochasticBlock
 from flows.bijections.transformers import AdditiveTransformer, AffineTransformer, Transformer
 
 __all__ = [
@@ -20,13 +21,17 @@ __all__ = [
     "Chain",
     "Coupling",
     "Elementwise",
+    "HMCBlock",
     "Inverse",
     "InverseNotAvailable",
     "LULinear",
+    "LangevinBlock",
     "Logit",
+    "MetropolisBlock",
     "Permutation",
     "Reverse",
     "Sigmoid",
+    "StochasticBlock",
     "Transformer",
     "alternating_mask",
     "half_mask",
