@@ -1,6 +1,7 @@
 """Bijections: the transform contract and every invertible layer of the library."""
 
 from flows.bijections.base import Bijection, Chain, Inverse, InverseNotAvailable
+from flows.bijections.blockwise import SharedBlocks
 from flows.bijections.coupling import AdditiveCoupling, AffineCoupling, Coupling, alternating_mask, half_mask
 from flows.bijections.elementwise import Affine, Elementwise, Logit, Sigmoid
 from flows.bijections.linear import LULinear
@@ -30,6 +31,7 @@ __all__ = [
     "MetropolisBlock",
     "Permutation",
     "Reverse",
+    "SharedBlocks",
     "Sigmoid",
     "StochasticBlock",
     "Transformer",
