@@ -1,0 +1,153 @@
+"""Boltzmann generator for the SNF double well: RealNVP vs RealNVP with Metropolis blocks (SNF).
+
+Target: u(x) = x₁⁴ − 6x₁² − 0.5x₁ + ½x₂² (Wu, Köhler, Noé 2020), exact log Z and free energy
+F(x₁). Both models have the same affine couplings; the SNF variant inserts a Metropolis block
+after every coupling (sampling direction), on u_λ = (1−λ)u₀ + λu₁ with λ = i/n, 20 steps of size
+0.25 each as in the paper. Both are trained with the same data-free recipe: reverse KL with the
+temperature annealed from 4 to 1 over the first 60% of the steps (plain reverse KL at T = 1 drops
+the shallow well: high ESS, log-Z error ≈ −0.17 = log of the missing 15.6% of mass).
+
+Reported, from fresh samples: Kish ESS, log-Z error (± standard error), and the mean absolute error
+of the free-energy profile along x₁ on |x₁| < 2.25 (30 bins), unweighted (the samples as they
+come) and reweighted, against the exact profile.
+
+    python examples/boltzmann_double_well.py                      # 3000 steps per model, ~10 min
+    python examples/boltzmann_double_well.py --steps 300          # quick look
+"""
+
+from __future__ import annotations
+
+import argparse
+import time
+from pathlib import Path
+
+import torch
+
+import flows
+from flows.bijections import AffineCoupling, MetropolisBlock, alternating_mask
+from flows.metrics import free_energy_profile, kish_ess, log_z_estimate, sample_log_weights
+from flows.targets import DoubleWell, Gaussian, InterpolatedEnergy
+from flows.train import annealed_temperature, reverse_kl_loss
+
+PROFILE_RANGE = (-2.25, 2.25)
+PROFILE_BINS = 30
+
+
+def build(snf: bool, *, transforms: int = 8, hidden: int = 64, mc_steps: int = 20, mc_step_size: float = 0.25):
+    """RealNVP couplings (sampling order c₁ … cₙ), with a Metropolis block on u_{i/n} after each cᵢ when ``snf``."""
+    target, prior = DoubleWell(), Gaussian(2)
+    sampling_order: list[flows.Bijection] = []
+    for i in range(transforms):
+        sampling_order.append(
+            AffineCoupling(2, mask=alternating_mask(2, keep_even=i % 2 == 0), hidden=(hidden, hidden))
+        )
+        if snf:
+            energy = InterpolatedEnergy(prior, target, (i + 1) / transforms)
+            sampling_order.append(MetropolisBlock(energy, steps=mc_steps, step_size=mc_step_size))
+    # a Chain runs data → latent, the reverse of the sampling order
+    return flows.Flow(flows.Chain(*reversed(sampling_order)), flows.StandardNormal(2))
+
+
+def train(flow, target, *, steps: int, batch: int = 512, lr: float = 1e-3, seed: int = 0) -> float:
+    """Annealed reverse KL with Adam and a cosine learning rate; returns the training seconds."""
+    torch.manual_seed(seed)
+    optimizer = torch.optim.Adam(flow.parameters(), lr=lr)
+    schedule = torch.optim.lr_scheduler.CosineAnnealingLR(optimizer, steps)
+    start = time.perf_counter()
+    for step in range(steps):
+        loss, _ = reverse_kl_loss(flow, target, batch, temperature=annealed_temperature(step / steps))
+        optimizer.zero_grad(set_to_none=True)
+        loss.backward()
+        torch.nn.utils.clip_grad_norm_(flow.parameters(), 10.0)
+        optimizer.step()
+        schedule.step()
+    return time.perf_counter() - start
+
+
+def exact_profile(target: DoubleWell, edges: torch.Tensor) -> torch.Tensor:
+    """Exact bin-averaged free energy −log(P_bin / width) along x₁ (fine quadrature inside each bin)."""
+    sub = torch.linspace(0, 1, 201, dtype=torch.float64)
+    pts = edges[:-1, None] + (edges[1:] - edges[:-1])[:, None] * sub
+    density = torch.exp(-target.double().free_energy(pts))
+    return -torch.log(torch.trapezoid(density, sub, dim=-1))
+
+
+def evaluate(flow, target, *, n: int = 100_000, seed: int = 1) -> dict[str, float]:
+    """ESS, log-Z error and free-energy profile errors (unweighted and reweighted) from ``n`` samples."""
+    torch.manual_seed(seed)
+    x, log_w = sample_log_weights(flow, target, n)
+    x, log_w = x.double(), log_w.double()
+    log_z, stderr = log_z_estimate(log_w)
+    edges = torch.linspace(*PROFILE_RANGE, PROFILE_BINS + 1, dtype=torch.float64)
+    exact = exact_profile(target, edges)
+    out = {
+        "ess": kish_ess(log_w).item(),
+        "log_z_error": log_z.item() - target.log_Z,
+        "log_z_stderr": stderr.item(),
+        "shallow_fraction": (x[:, 0] < 0).double().mean().item(),
+    }
+    for name, weights in (("unweighted", None), ("reweighted", log_w)):
+        profile = free_energy_profile(x[:, 0], weights, bins=PROFILE_BINS, range=PROFILE_RANGE)
+        err = (profile.free_energy - exact).abs()
+        out[f"profile_{name}"] = err.mean().item()  # inf if a bin is empty
+    return out
+
+
+def plot(results: dict, profiles: dict, path: Path) -> None:
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    fig, ax = plt.subplots(figsize=(6, 4))
+    for label, (centres, values) in profiles.items():
+        ax.plot(centres, values, label=label)
+    ax.set(xlabel="x₁", ylabel="free energy F(x₁) (nats)", title="double well: unweighted profiles")
+    ax.legend()
+    path.parent.mkdir(parents=True, exist_ok=True)
+    fig.savefig(path, dpi=100, bbox_inches="tight")
+    plt.close(fig)
+
+
+def main(argv: list[str] | None = None) -> dict[str, dict[str, float]]:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--steps", type=int, default=3000, help="training steps per model")
+    parser.add_argument("--batch", type=int, default=512)
+    parser.add_argument("--transforms", type=int, default=8)
+    parser.add_argument("--hidden", type=int, default=64)
+    parser.add_argument("--mc-steps", type=int, default=20, help="Metropolis steps per block (SNF)")
+    parser.add_argument("--samples", type=int, default=100_000, help="evaluation samples")
+    parser.add_argument("--threads", type=int, default=1)
+    parser.add_argument("--out", type=Path, default=Path("runs/boltzmann_double_well"))
+    args = parser.parse_args(argv)
+    torch.set_num_threads(args.threads)
+    target = DoubleWell()
+    results, profiles = {}, {}
+    edges = torch.linspace(*PROFILE_RANGE, PROFILE_BINS + 1, dtype=torch.float64)
+    centres = 0.5 * (edges[1:] + edges[:-1])
+    profiles["exact"] = (centres, exact_profile(target, edges))
+    for name, snf in (("RealNVP", False), ("RealNVP + Metropolis (SNF)", True)):
+        torch.manual_seed(0)
+        flow = build(snf, transforms=args.transforms, hidden=args.hidden, mc_steps=args.mc_steps)
+        seconds = train(flow, target, steps=args.steps, batch=args.batch)
+        results[name] = {**evaluate(flow, target, n=args.samples), "train_s": seconds}
+        torch.manual_seed(2)
+        x = flow.sample((args.samples,)).double()
+        profile = free_energy_profile(x[:, 0], bins=PROFILE_BINS, range=PROFILE_RANGE)
+        profiles[name] = (profile.centres, profile.free_energy)
+    print(f"double well, {args.steps} steps of annealed reverse KL, {args.samples} evaluation samples")
+    header = f"{'model':28s} {'ESS':>7s} {'log Z error':>17s} {'|ΔF| unweighted':>16s} {'|ΔF| reweighted':>16s}"
+    print(header + f" {'x₁<0 (exact 0.156)':>19s} {'train s':>8s}")
+    for name, r in results.items():
+        log_z = f"{r['log_z_error']:+.4f} ± {r['log_z_stderr']:.4f}"
+        print(
+            f"{name:28s} {r['ess']:7.4f} {log_z:>17s} {r['profile_unweighted']:16.4f} {r['profile_reweighted']:16.4f}"
+            f" {r['shallow_fraction']:19.4f} {r['train_s']:8.1f}"
+        )
+    if args.out:
+        plot(results, profiles, args.out / "profiles.png")
+    return results
+
+
+if __name__ == "__main__":
+    main()
