@@ -33,7 +33,7 @@ import flows
 from flows.bijections import AffineCoupling, SharedBlocks, alternating_mask
 from flows.metrics import kish_ess, log_z_estimate, sample_log_weights
 from flows.targets import ManyWell
-from flows.train import annealed_temperature, forward_kl_loss, reverse_kl_loss
+from flows.train import AnnealTemperature, Callback, ForwardKL, ReverseKL, Trainer
 
 
 def build(dim: int, *, transforms: int = 8, hidden: int = 64) -> flows.Flow:
@@ -47,6 +47,18 @@ def build(dim: int, *, transforms: int = 8, hidden: int = 64) -> flows.Flow:
     return flows.Flow(SharedBlocks(pair, blocks=dim // 2), flows.StandardNormal(dim))
 
 
+class CosineLearningRate(Callback):
+    """Cosine learning-rate decay over a number of steps or of training seconds (a wall-clock budget)."""
+
+    def __init__(self, lr: float, *, steps: int | None = None, seconds: float | None = None) -> None:
+        self.lr, self.steps, self.seconds = lr, steps, seconds
+
+    def on_step_end(self, trainer, metrics) -> None:
+        progress = trainer.step / self.steps if self.steps else trainer.elapsed / self.seconds
+        for group in trainer.optimizer.param_groups:
+            group["lr"] = self.lr * 0.5 * (1 + math.cos(math.pi * min(1.0, progress)))
+
+
 def train(
     flow: flows.Flow,
     target: ManyWell,
@@ -58,28 +70,23 @@ def train(
     max_steps: int | None = None,
     seed: int = 0,
 ) -> tuple[int, float]:
-    """Train for ``budget`` seconds (or ``max_steps``); cosine learning rate over the budget. Returns (steps, s)."""
+    """Train in :class:`flows.train.Trainer` for ``budget`` seconds (or ``max_steps``). Returns (steps, seconds)."""
     torch.manual_seed(seed)
-    optimizer = torch.optim.Adam(flow.parameters(), lr=lr)
-    start, step = time.perf_counter(), 0
-    while True:
-        elapsed = time.perf_counter() - start
-        progress = step / max_steps if max_steps else elapsed / budget
-        if progress >= 1.0:
-            break
-        for group in optimizer.param_groups:
-            group["lr"] = lr * 0.5 * (1 + math.cos(math.pi * progress))
-        if method == "forward":
-            loss = forward_kl_loss(flow, target.sample(batch))
-        else:
-            temperature = annealed_temperature(progress) if method == "anneal" else 1.0
-            loss, _ = reverse_kl_loss(flow, target, batch, temperature=temperature)
-        optimizer.zero_grad(set_to_none=True)
-        loss.backward()
-        torch.nn.utils.clip_grad_norm_(flow.parameters(), 10.0)
-        optimizer.step()
-        step += 1
-    return step, time.perf_counter() - start
+    horizon = {"steps": max_steps} if max_steps else {"seconds": budget}
+    callbacks: list[Callback] = [CosineLearningRate(lr, **horizon)]
+    if method == "forward":
+        objective = ForwardKL(target, batch_size=batch)
+    else:
+        objective = ReverseKL(target, batch_size=batch)
+        if method == "anneal":
+            callbacks.append(AnnealTemperature(objective, **horizon))
+    trainer = Trainer(flow, objective, lr=lr, clip_grad_norm=10.0, callbacks=callbacks)
+    start = time.perf_counter()
+    if max_steps:
+        trainer.fit(None, steps_per_epoch=max_steps, max_steps=max_steps)
+    else:
+        trainer.fit(None, steps_per_epoch=1000, time_budget=budget)
+    return trainer.step, time.perf_counter() - start
 
 
 def evaluate(flow: flows.Flow, target: ManyWell, *, n: int = 100_000, seed: int = 1) -> dict[str, float]:

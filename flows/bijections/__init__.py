@@ -7,6 +7,7 @@ from flows.bijections.elementwise import Affine, Elementwise, Logit, Sigmoid
 from flows.bijections.linear import LULinear
 from flows.bijections.normalization import ActNorm, ActNorm2d
 from flows.bijections.permutation import Permutation, Reverse
+from flows.bijections.standardize import Standardize
 from flows.bijections.stochastic import HMCBlock, LangevinBlock, MetropolisBlock, StochasticBlock
 from flows.bijections.transformers import AdditiveTransformer, AffineTransformer, Transformer
 
@@ -33,6 +34,7 @@ __all__ = [
     "Reverse",
     "SharedBlocks",
     "Sigmoid",
+    "Standardize",
     "StochasticBlock",
     "Transformer",
     "alternating_mask",

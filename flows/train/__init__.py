@@ -1,5 +1,70 @@
-"""Training: objectives for energy targets (reverse KL, forward KL on samples), see :mod:`flows.train.energy`."""
+"""Training: one loop for every objective, checkpoints that never lose work, multi-process training.
 
-from flows.train.energy import ForwardKL, ReverseKL, annealed_temperature, forward_kl_loss, reverse_kl_loss
+* :class:`Trainer`: the loop (validation, early stopping, schedules, clipping, auxiliary losses,
+  NaN guard, progress, metrics history, atomic checkpoints, exact resume, DDP);
+* objectives: :class:`MaximumLikelihood` (data), :class:`WeightedSum` (mixtures), and the
+  :class:`Objective` protocol for your own; energy targets (:mod:`flows.train.energy`):
+  :class:`ReverseKL` (with temperature and :class:`AnnealTemperature`), :class:`ForwardKL` on
+  reference or exact samples;
+* callbacks: :class:`EarlyStopping`, :class:`MetricsLogger`, :class:`PrintMetrics`;
+* checkpoints: :func:`save_checkpoint`, :func:`load_checkpoint`, :func:`save_model`,
+  :func:`load_model`, model configs (:func:`model_config`, :func:`build_model`,
+  :func:`register_model`);
+* :mod:`flows.train.distributed`: ``torch.distributed`` helpers.
+"""
 
-__all__ = ["ForwardKL", "ReverseKL", "annealed_temperature", "forward_kl_loss", "reverse_kl_loss"]
+from flows.train.callbacks import Callback, EarlyStopping, MetricsLogger, PrintMetrics
+from flows.train.checkpoint import (
+    Checkpoint,
+    CheckpointError,
+    load_checkpoint,
+    load_model,
+    read_checkpoint_header,
+    save_checkpoint,
+    save_model,
+)
+from flows.train.config import available_models, build_model, model_config, register_model
+from flows.train.energy import (
+    AnnealTemperature,
+    ForwardKL,
+    ReverseKL,
+    annealed_temperature,
+    forward_kl_loss,
+    reverse_kl_loss,
+)
+from flows.train.guard import NonFiniteGuard, TrainingDiverged, TrainingWarning
+from flows.train.history import History
+from flows.train.objectives import MaximumLikelihood, Objective, WeightedSum
+from flows.train.trainer import Trainer
+
+__all__ = [
+    "AnnealTemperature",
+    "Callback",
+    "Checkpoint",
+    "CheckpointError",
+    "EarlyStopping",
+    "ForwardKL",
+    "History",
+    "MaximumLikelihood",
+    "MetricsLogger",
+    "NonFiniteGuard",
+    "Objective",
+    "PrintMetrics",
+    "ReverseKL",
+    "Trainer",
+    "TrainingDiverged",
+    "TrainingWarning",
+    "WeightedSum",
+    "annealed_temperature",
+    "available_models",
+    "build_model",
+    "forward_kl_loss",
+    "load_checkpoint",
+    "load_model",
+    "model_config",
+    "read_checkpoint_header",
+    "register_model",
+    "reverse_kl_loss",
+    "save_checkpoint",
+    "save_model",
+]

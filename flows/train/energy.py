@@ -16,10 +16,15 @@ For a flow :math:`q_\theta` and a target :math:`\pi \propto e^{-u/T}` at tempera
 With stochastic blocks in the flow both losses are the SNF path-space versions (the path terms
 enter through ``log q``), as in Wu, Köhler, Noé (2020).
 
-The objectives follow the trainer's objective protocol: ``objective(model, batch) -> (loss, metrics)``
-for a training step (``batch`` is ``None`` for objectives that sample their own data) and
-``objective.evaluate(model, batches) -> {name: value}`` for validation (in eval mode, without
-gradients).
+The objectives plug into :class:`~flows.train.Trainer` (progress, checkpoints, NaN guard); mix them
+with :class:`~flows.train.WeightedSum`. :class:`ReverseKL` needs no data: train with
+``trainer.fit(None, val=[None], steps_per_epoch=..., max_steps=...)`` (``val=[None]`` asks for its
+validation measures every epoch) and anneal its temperature with the :class:`AnnealTemperature`
+callback::
+
+    objective = ReverseKL(target, batch_size=512)
+    trainer = Trainer(flow, objective, callbacks=[AnnealTemperature(objective, steps=3000)])
+    trainer.fit(None, val=[None], steps_per_epoch=500, max_steps=3000)
 
 References:
     Noé, Olsson, Köhler, Wu (2019), "Boltzmann generators: Sampling equilibrium states of
@@ -38,8 +43,17 @@ from torch import Tensor, nn
 from flows.flow import Flow
 from flows.metrics.importance import kish_ess, log_z_estimate, sample_log_weights
 from flows.targets.base import EnergyTarget
+from flows.train.callbacks import Callback
+from flows.train.objectives import MaximumLikelihood, Objective, ObjectiveOutput
 
-__all__ = ["ForwardKL", "ReverseKL", "annealed_temperature", "forward_kl_loss", "reverse_kl_loss"]
+__all__ = [
+    "AnnealTemperature",
+    "ForwardKL",
+    "ReverseKL",
+    "annealed_temperature",
+    "forward_kl_loss",
+    "reverse_kl_loss",
+]
 
 
 def _check_temperature(temperature: float, who: str) -> float:
@@ -126,15 +140,7 @@ def forward_kl_loss(flow: Flow, x: Tensor, *, log_w: Tensor | None = None) -> Te
     return -(torch.softmax(log_w.detach(), 0) * log_q).sum()
 
 
-def _batch_tensor(batch: object) -> Tensor | None:
-    if batch is None or isinstance(batch, Tensor):
-        return batch
-    if isinstance(batch, (tuple, list)) and len(batch) == 1 and isinstance(batch[0], Tensor):
-        return batch[0]
-    raise TypeError(f"expected a batch that is None, a tensor or (x,), got {type(batch).__name__}")
-
-
-class ReverseKL:
+class ReverseKL(Objective):
     r"""Objective: reverse KL to an energy target at temperature :math:`T` (needs no data).
 
     Each call draws ``batch_size`` samples from the model and returns the loss of
@@ -211,13 +217,13 @@ class ReverseKL:
         return f"ReverseKL({type(self.target).__name__}, batch_size={self.batch_size}, temperature={self.temperature})"
 
 
-class ForwardKL:
+class ForwardKL(MaximumLikelihood):
     r"""Objective: forward KL (maximum likelihood) on samples of the target.
 
-    Uses the batch when there is one (reference or MD samples); with ``batch=None`` it draws
-    ``batch_size`` exact samples from ``target`` (which needs an exact sampler), so it trains
-    without a data set. :meth:`evaluate` averages the loss over the given batches, or over
-    ``eval_samples`` exact samples from a fixed seed when there are none.
+    :class:`~flows.train.MaximumLikelihood` on the batch when there is one (reference or MD
+    samples); with ``batch=None`` it draws ``batch_size`` exact samples from ``target`` (which needs
+    an exact sampler), so it trains without a data set. :meth:`evaluate` averages the loss over the
+    given batches, or over ``eval_samples`` exact samples from a fixed seed when there are none.
 
     Args:
         target: target with an exact sampler (``None`` when batches are always given).
@@ -249,37 +255,84 @@ class ForwardKL:
             )
         if not isinstance(batch_size, int) or batch_size < 1:
             raise ValueError(f"ForwardKL: expected a positive int batch_size, got {batch_size!r}")
-        self.target, self.batch_size, self.eval_samples, self.eval_seed = target, batch_size, eval_samples, eval_seed
+        super().__init__(eval_seed=eval_seed)
+        self.target, self.batch_size, self.eval_samples = target, batch_size, eval_samples
 
-    def _samples(self, batch: object, n: int) -> Tensor:
-        x = _batch_tensor(batch)
-        if x is not None:
-            return x
+    def _exact(self, n: int) -> tuple[Tensor]:
         if self.target is None:
             raise ValueError("ForwardKL: got no batch and has no target to draw exact samples from")
-        return self.target.sample(n)
+        return (self.target.sample(n),)
 
-    def __call__(self, model: nn.Module, batch: object = None) -> Tensor:
-        return forward_kl_loss(model, self._samples(batch, self.batch_size))
+    def __call__(self, model: nn.Module, batch: object = None) -> ObjectiveOutput:
+        return super().__call__(model, self._exact(self.batch_size) if batch is None else batch)
 
-    @torch.no_grad()
     def evaluate(self, model: nn.Module, batches: Iterable[object] = ()) -> dict[str, float]:
         """Mean negative log-likelihood over the batches (or fresh exact samples from a fixed seed)."""
-        total, count = 0.0, 0
-        for batch in batches:
-            x = _batch_tensor(batch)
-            if x is None:
-                continue
-            total += float(-model.log_prob(x).sum())
-            count += x.shape[0]
-        if count == 0:
-            devices = [p.device for p in model.parameters() if p.device.type == "cuda"][:1]
-            with torch.random.fork_rng(devices=devices):
-                torch.manual_seed(self.eval_seed)
-                x = self._samples(None, self.eval_samples)
-            return {"loss": float(-model.log_prob(x).mean())}
-        return {"loss": total / count}
+        batches = [b for b in batches if b is not None]
+        if batches:
+            with torch.no_grad():
+                return super().evaluate(model, batches)
+        devices = [p.device for p in model.parameters() if p.device.type == "cuda"][:1]
+        with torch.random.fork_rng(devices=devices):
+            torch.manual_seed(self.eval_seed)
+            batch = self._exact(self.eval_samples)
+        with torch.no_grad():
+            return {"loss": float(-model.log_prob(batch[0]).mean())}
 
     def __repr__(self) -> str:
         name = type(self.target).__name__ if self.target is not None else None
         return f"ForwardKL({name}, batch_size={self.batch_size})"
+
+
+class AnnealTemperature(Callback):
+    r"""Trainer callback: set a :class:`ReverseKL` objective's temperature by :func:`annealed_temperature`.
+
+    Progress is ``trainer.step / steps`` or, with ``seconds``, ``trainer.elapsed / seconds`` (both
+    restored on resume, so the callback has no state of its own). The temperature is set before
+    the first step and after every step.
+
+    Args:
+        objective: the objective whose ``temperature`` attribute to drive.
+        steps: steps over which progress runs from 0 to 1 (give this or ``seconds``).
+        seconds: training seconds over which progress runs from 0 to 1.
+        start, end, until: see :func:`annealed_temperature`.
+
+    Example:
+        >>> from flows.targets import DoubleWell
+        >>> objective = ReverseKL(DoubleWell())
+        >>> callback = AnnealTemperature(objective, steps=100)
+        >>> class FakeTrainer:
+        ...     step, elapsed = 30, 0.0
+        >>> callback.on_step_end(FakeTrainer(), {})
+        >>> objective.temperature
+        2.0
+    """
+
+    def __init__(
+        self,
+        objective: ReverseKL,
+        *,
+        steps: int | None = None,
+        seconds: float | None = None,
+        start: float = 4.0,
+        end: float = 1.0,
+        until: float = 0.6,
+    ) -> None:
+        if (steps is None) == (seconds is None):
+            raise ValueError(f"AnnealTemperature: expected exactly one of steps and seconds, got {steps}, {seconds}")
+        horizon = steps if steps is not None else seconds
+        if not horizon > 0:
+            raise ValueError(f"AnnealTemperature: expected a positive horizon, got {horizon}")
+        annealed_temperature(0.0, start=start, end=end, until=until)  # validates the schedule
+        self.objective, self.steps, self.seconds = objective, steps, seconds
+        self.start, self.end, self.until = start, end, until
+
+    def _update(self, trainer: object) -> None:
+        progress = trainer.step / self.steps if self.steps is not None else trainer.elapsed / self.seconds
+        self.objective.temperature = annealed_temperature(progress, start=self.start, end=self.end, until=self.until)
+
+    def on_fit_start(self, trainer: object) -> None:
+        self._update(trainer)
+
+    def on_step_end(self, trainer: object, metrics: dict[str, float]) -> None:
+        self._update(trainer)
