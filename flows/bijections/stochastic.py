@@ -139,17 +139,27 @@ class MetropolisBlock(StochasticBlock):
     """
 
     def _move(self, x: Tensor) -> tuple[Tensor, Tensor]:
-        u_x = self.energy.energy(x)
-        u_start = u_x
-        accepted = torch.zeros((), dtype=x.dtype, device=x.device)
-        for _ in range(self.steps):
-            y = x + self.step_size * torch.randn_like(x)
+        # The output is x plus the sum of the accepted proposal noises, so ∂out/∂in = I whatever
+        # was accepted: the chain runs without a graph and the output is reattached as
+        # x + (out − x).detach(), which gives the same gradients as differentiating every step.
+        with torch.no_grad():
+            y = x.detach()
             u_y = self.energy.energy(y)
-            x, accept = self._accept(u_x - u_y, x, y)
-            u_x = torch.where(accept, u_y, u_x)
-            accepted = accepted + accept.to(x.dtype).mean()
+            accepted = torch.zeros((), dtype=x.dtype, device=x.device)
+            for _ in range(self.steps):
+                proposal = y + self.step_size * torch.randn_like(y)
+                u_proposal = self.energy.energy(proposal)
+                y, accept = self._accept(u_y - u_proposal, y, proposal)
+                u_y = torch.where(accept, u_proposal, u_y)
+                accepted = accepted + accept.to(x.dtype).mean()
+            shift = y - x.detach()
         self.last_acceptance = float(accepted / self.steps)
-        return x, u_x - u_start
+        if not (
+            torch.is_grad_enabled() and (x.requires_grad or any(p.requires_grad for p in self.energy.parameters()))
+        ):
+            return y, u_y - self.energy.energy(x)
+        out = x + shift
+        return out, self.energy.energy(out) - self.energy.energy(x)
 
 
 class LangevinBlock(StochasticBlock):
