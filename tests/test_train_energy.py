@@ -140,3 +140,31 @@ def test_bad_arguments() -> None:
         SharedBlocks(Chain(Affine((2, 2))), blocks=2)
     with pytest.raises(ValueError, match="blocks >= 1"):
         SharedBlocks(Affine(2), blocks=0)
+
+
+def test_trainer_runs_energy_objectives_with_annealing_and_mixtures() -> None:
+    from flows.train import AnnealTemperature, Trainer, WeightedSum
+
+    torch.manual_seed(5)
+    target = DoubleWell()
+    flow = Flow(Affine(2), StandardNormal(2))
+    reverse = ReverseKL(target, batch_size=64, eval_samples=500)
+    temperatures = []
+
+    class Record(AnnealTemperature):
+        def on_step_end(self, trainer, metrics) -> None:
+            super().on_step_end(trainer, metrics)
+            temperatures.append(reverse.temperature)
+
+    trainer = Trainer(flow, reverse, lr=1e-2, callbacks=[Record(reverse, steps=10)])
+    history = trainer.fit(None, val=[None], steps_per_epoch=5, max_steps=10)
+    assert temperatures[0] == pytest.approx(4.0 ** (1 - 1 / 6)) and temperatures[-1] == 1.0
+    assert {"val_ess", "val_log_z", "val_log_z_error", "ess"} <= set(history.last())
+    # a mixture of reverse KL and forward KL on exact samples, as SNF trains
+    mix = WeightedSum(
+        [(0.5, ReverseKL(target, batch_size=64), "energy"), (0.5, ForwardKL(target, batch_size=64), "ml")]
+    )
+    history = Trainer(flow, mix, lr=1e-2).fit(None, steps_per_epoch=5, max_steps=5)
+    assert {"energy_loss", "ml_loss", "energy_ess"} <= set(history.last())
+    with pytest.raises(ValueError, match="exactly one of steps and seconds"):
+        AnnealTemperature(reverse)
