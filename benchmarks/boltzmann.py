@@ -6,13 +6,14 @@ RealNVP; flows RealNVP + Metropolis blocks (20 steps of size 0.25) in the ``fina
 on the target after the couplings) and in the paper's ``interleaved`` layout (a block on u_λ,
 λ = i/8, after every coupling); and normflows' equivalents of both layouts (``AffineCouplingBlock``
 + ``Permute`` + ``MetropolisHastings``, on ``LinearInterpolation`` when interleaved). All are
-trained with the same data-free recipe (reverse KL, temperature annealed 4 → 1 over the first 60%
-of the steps, Adam 1e-3 with a cosine schedule, batch 512, gradient norm clipped at 10),
-**in lockstep** (one step of each model in turn, so that they share the machine's load), and
-scored from the same number of fresh samples: Kish ESS, log-Z error ± standard error, and the mean
-|ΔF| of the free-energy profile along x₁ on |x₁| < 2.25 against the exact one, unweighted and
-reweighted (over the bins where exact sampling expects ≥ 50 samples). The median training-step
-times are printed side by side, as ratios to flows' interleaved SNF.
+trained with the same data-free recipe (reverse KL to a ``TemperedEnergy`` shared by every loss and
+every Metropolis block, its temperature annealed 4 → 1 over the first 60% of the steps; Adam 1e-3
+with a cosine schedule, batch 512, gradient norm clipped at 10), **in lockstep** (one step of each
+model in turn, so that they share the machine's load), and scored from the same number of fresh
+samples: Kish ESS, log-Z error ± standard error, and the mean |ΔF| of the free-energy profile along
+x₁ on |x₁| < 2.25 against the exact one, unweighted and reweighted (over the bins where exact
+sampling expects ≥ 50 samples). The median training-step times are printed side by side, as
+ratios to flows' interleaved SNF.
 
 **Many-well** (d/2 double wells, 2^(d/2) modes): the pair-shared RealNVP of
 ``examples/boltzmann_many_well.py`` trained by annealed reverse KL on a wall-clock budget per d
@@ -37,7 +38,7 @@ from pathlib import Path
 import torch
 
 from flows.metrics import kish_ess, log_z_estimate
-from flows.targets import DoubleWell, ManyWell
+from flows.targets import DoubleWell, ManyWell, TemperedEnergy
 from flows.train import annealed_temperature, reverse_kl_loss
 
 EXAMPLES = Path(__file__).resolve().parents[1] / "examples"
@@ -47,7 +48,9 @@ def _example(name: str) -> dict:
     return runpy.run_path(str(EXAMPLES / name), run_name="example")
 
 
-def normflows_snf(target: DoubleWell, layout: str, *, transforms: int, hidden: int, mc_steps: int, step_size: float):
+def normflows_snf(
+    target: TemperedEnergy, layout: str, *, transforms: int, hidden: int, mc_steps: int, step_size: float
+):
     """The normflows model of the same size and layout, or ``None`` when normflows is not installed."""
     try:
         import normflows as nf
@@ -73,13 +76,13 @@ def normflows_snf(target: DoubleWell, layout: str, *, transforms: int, hidden: i
     return nf.NormalizingFlow(base, layers, p)
 
 
-def _ours_step(flow, target, batch: int, temperature: float) -> torch.Tensor:
-    loss, _ = reverse_kl_loss(flow, target, batch, temperature=temperature)
+def _ours_step(flow, tempered: TemperedEnergy, batch: int) -> torch.Tensor:
+    loss, _ = reverse_kl_loss(flow, tempered, batch)
     return loss
 
 
-def _nf_step(model, target, batch: int, temperature: float) -> torch.Tensor:
-    return model.reverse_kld(batch, beta=1.0 / temperature)
+def _nf_step(model, tempered: TemperedEnergy, batch: int) -> torch.Tensor:
+    return model.reverse_kld(batch)  # model.p is the shared tempered target
 
 
 def _scores(x: torch.Tensor, log_w: torch.Tensor, target: DoubleWell, profile_error) -> dict[str, float]:
@@ -99,15 +102,16 @@ def double_well(args: argparse.Namespace) -> dict[str, dict[str, float]]:
     torch.set_num_threads(1)
     ex = _example("boltzmann_double_well.py")
     target = DoubleWell()
+    tempered = TemperedEnergy(target)  # shared by every loss and every block: annealed in lockstep
     models, steppers = {}, {}
     sizes = {"transforms": args.transforms, "hidden": args.hidden, "mc_steps": args.mc_steps}
     for layout in ("none", "final", "interleaved"):
         torch.manual_seed(0)
         name = "flows RealNVP" if layout == "none" else f"flows SNF, {layout}"
-        models[name], steppers[name] = ex["build"](layout, **sizes), _ours_step
+        models[name], steppers[name] = ex["build"](layout, tempered, **sizes), _ours_step
     for layout in ("final", "interleaved"):
         torch.manual_seed(0)
-        peer = normflows_snf(target, layout, step_size=0.25, **sizes)
+        peer = normflows_snf(tempered, layout, step_size=0.25, **sizes)
         if peer is None:
             print("normflows is not installed (pip install '.[bench]'): skipping it")
             break
@@ -117,12 +121,12 @@ def double_well(args: argparse.Namespace) -> dict[str, dict[str, float]]:
     times: dict[str, list[float]] = {k: [] for k in models}
     failed: dict[str, str] = {}
     for step in range(args.steps):
-        temperature = annealed_temperature(step / args.steps)
+        tempered.temperature = annealed_temperature(step / args.steps)
         for name, model in models.items():
             if name in failed:
                 continue
             start = time.perf_counter()
-            loss = steppers[name](model, target, args.batch, temperature)
+            loss = steppers[name](model, tempered, args.batch)
             optimizers[name].zero_grad(set_to_none=True)
             loss.backward()
             torch.nn.utils.clip_grad_norm_(model.parameters(), 10.0)
@@ -131,6 +135,7 @@ def double_well(args: argparse.Namespace) -> dict[str, dict[str, float]]:
             times[name].append(time.perf_counter() - start)
             if not torch.isfinite(loss):
                 failed[name] = f"non-finite loss at step {step}"
+    tempered.temperature = 1.0
     results = {}
     for name, model in models.items():
         torch.manual_seed(1)

@@ -5,7 +5,7 @@ Every target is an :class:`EnergyTarget`: ``energy(x)``, ``log_prob(x)``, ``ener
 """
 
 from flows.targets.base import EnergyTarget
-from flows.targets.interpolated import InterpolatedEnergy
+from flows.targets.interpolated import InterpolatedEnergy, TemperedEnergy
 from flows.targets.lattice import PhiFour
 from flows.targets.mixtures import Gaussian, GaussianMixture
 from flows.targets.particles import DW4, LJ13, ParticleSystem
@@ -26,4 +26,5 @@ __all__ = [
     "MullerBrown",
     "ParticleSystem",
     "PhiFour",
+    "TemperedEnergy",
 ]

@@ -1,12 +1,14 @@
-r"""Interpolated energies :math:`u_\lambda = (1-\lambda)\,u_0 + \lambda\,u_1` between a prior and a target."""
+r"""Derived energies: interpolations :math:`(1-\lambda)u_0 + \lambda u_1` and tempered energies :math:`u/T`."""
 
 from __future__ import annotations
+
+import math
 
 from torch import Tensor
 
 from flows.targets.base import EnergyTarget
 
-__all__ = ["InterpolatedEnergy"]
+__all__ = ["InterpolatedEnergy", "TemperedEnergy"]
 
 
 class InterpolatedEnergy(EnergyTarget):
@@ -64,3 +66,60 @@ class InterpolatedEnergy(EnergyTarget):
 
     def extra_repr(self) -> str:
         return f"lam={self.lam}"
+
+
+class TemperedEnergy(EnergyTarget):
+    r"""A target at temperature :math:`T`: :math:`u_T(x) = u(x)/T`, with ``temperature`` a mutable attribute.
+
+    Share one instance between a :class:`~flows.train.ReverseKL` objective and the stochastic
+    blocks of a flow, and anneal its ``temperature`` (e.g. with
+    :class:`~flows.train.AnnealTemperature`): the blocks then stay stationary for the very density
+    the loss targets at every step. (Annealing only the objective's temperature while the blocks
+    sample the cold target makes them push samples away from the tempered target during training.)
+    ``log_Z`` is the target's at :math:`T = 1` and ``None`` otherwise.
+
+    Args:
+        target: the energy :math:`u`.
+        temperature: the initial :math:`T` (positive).
+
+    Example:
+        >>> import torch
+        >>> from flows.targets import DoubleWell
+        >>> hot = TemperedEnergy(DoubleWell(), temperature=2.0)
+        >>> x = torch.randn(3, 2)
+        >>> torch.allclose(hot.energy(x), DoubleWell().energy(x) / 2)
+        True
+        >>> hot.log_Z is None
+        True
+    """
+
+    def __init__(self, target: EnergyTarget, temperature: float = 1.0) -> None:
+        if not isinstance(target, EnergyTarget):
+            raise TypeError(f"TemperedEnergy: expected an EnergyTarget, got {type(target).__name__}")
+        super().__init__(target.event_shape)
+        self.target = target
+        self.temperature = temperature
+
+    @property
+    def temperature(self) -> float:
+        """The temperature :math:`T` (set it to anneal)."""
+        return self._temperature
+
+    @temperature.setter
+    def temperature(self, value: float) -> None:
+        value = float(value)
+        if not (math.isfinite(value) and value > 0):
+            raise ValueError(f"TemperedEnergy: expected a positive finite temperature, got {value}")
+        self._temperature = value
+
+    @property
+    def log_Z(self) -> float | None:
+        """The target's ``log_Z`` at :math:`T = 1`, else ``None`` (unknown)."""
+        return self.target.log_Z if self._temperature == 1.0 else None
+
+    def energy(self, x: Tensor) -> Tensor:
+        u = self.target.energy(x)
+        return u if self._temperature == 1.0 else u / self._temperature
+
+    def extra_repr(self) -> str:
+        return f"temperature={self._temperature}"

@@ -43,6 +43,7 @@ from torch import Tensor, nn
 from flows.flow import Flow
 from flows.metrics.importance import kish_ess, log_z_estimate, sample_log_weights
 from flows.targets.base import EnergyTarget
+from flows.targets.interpolated import TemperedEnergy
 from flows.train.callbacks import Callback
 from flows.train.objectives import MaximumLikelihood, Objective, ObjectiveOutput
 
@@ -285,14 +286,18 @@ class ForwardKL(MaximumLikelihood):
 
 
 class AnnealTemperature(Callback):
-    r"""Trainer callback: set a :class:`ReverseKL` objective's temperature by :func:`annealed_temperature`.
+    r"""Trainer callback: anneal a temperature by :func:`annealed_temperature`.
+
+    It drives the ``temperature`` attribute of a :class:`ReverseKL` objective or of a
+    :class:`~flows.targets.TemperedEnergy` (use the latter when the flow has stochastic blocks, so
+    that blocks and loss see the same tempered target).
 
     Progress is ``trainer.step / steps`` or, with ``seconds``, ``trainer.elapsed / seconds`` (both
     restored on resume, so the callback has no state of its own). The temperature is set before
     the first step and after every step.
 
     Args:
-        objective: the objective whose ``temperature`` attribute to drive.
+        objective: the object whose ``temperature`` attribute to drive.
         steps: steps over which progress runs from 0 to 1 (give this or ``seconds``).
         seconds: training seconds over which progress runs from 0 to 1.
         start, end, until: see :func:`annealed_temperature`.
@@ -310,7 +315,7 @@ class AnnealTemperature(Callback):
 
     def __init__(
         self,
-        objective: ReverseKL,
+        objective: ReverseKL | TemperedEnergy,
         *,
         steps: int | None = None,
         seconds: float | None = None,
