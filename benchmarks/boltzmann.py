@@ -2,10 +2,11 @@
 
 **Double well** (u = x₁⁴ − 6x₁² − 0.5x₁ + ½x₂²; exact log Z and free energy). Models with the same
 eight affine couplings (MLPs 1 → 64 → 64 → 2), as in ``examples/boltzmann_double_well.py``: flows
-RealNVP; flows RealNVP + Metropolis blocks (20 steps of size 0.25) in the ``final`` layout (one block
-on the target after the couplings) and in the paper's ``interleaved`` layout (a block on u_λ,
-λ = i/8, after every coupling); and normflows' equivalents of both layouts (``AffineCouplingBlock``
-+ ``Permute`` + ``MetropolisHastings``, on ``LinearInterpolation`` when interleaved). All are
+RealNVP; the paper's ``interleaved`` SNF (a Metropolis block, 20 steps of size 0.25, on u_λ,
+λ = i/8, after every coupling); and the ``final`` SNF, i.e. the trained RealNVP followed by one such
+block on the target (no extra training: its loss is per sample the flow's own, see the example);
+and normflows' equivalents of all three (``AffineCouplingBlock`` + ``Permute`` +
+``MetropolisHastings``, on ``LinearInterpolation`` when interleaved). The trained models are
 trained with the same data-free recipe (reverse KL to a ``TemperedEnergy`` shared by every loss and
 every Metropolis block, its temperature annealed 4 → 1 over the first 60% of the steps; Adam 1e-3
 with a cosine schedule, batch 512, gradient norm clipped at 10), **in lockstep** (one step of each
@@ -71,10 +72,16 @@ def normflows_snf(
             energy = nf.distributions.LinearInterpolation(p, base, (i + 1) / transforms)
             proposal = nf.distributions.DiagGaussianProposal((2,), step_size)
             layers.append(nf.flows.MetropolisHastings(energy, proposal, mc_steps))
-    if layout == "final":
-        proposal = nf.distributions.DiagGaussianProposal((2,), step_size)
-        layers.append(nf.flows.MetropolisHastings(p, proposal, mc_steps))
     return nf.NormalizingFlow(base, layers, p)
+
+
+def normflows_add_final_block(model, *, mc_steps: int, step_size: float):
+    """The trained normflows model (shared layers) followed by a MetropolisHastings layer on its target."""
+    import normflows as nf
+
+    proposal = nf.distributions.DiagGaussianProposal((2,), step_size)
+    layers = [*model.flows, nf.flows.MetropolisHastings(model.p, proposal, mc_steps)]
+    return nf.NormalizingFlow(model.q0, layers, model.p)
 
 
 def _ours_step(flow, tempered: TemperedEnergy, batch: int) -> torch.Tensor:
@@ -106,21 +113,22 @@ def double_well(args: argparse.Namespace) -> dict[str, dict[str, float]]:
     tempered = TemperedEnergy(target)  # shared by every loss and every block: annealed in lockstep
     models, steppers = {}, {}
     sizes = {"transforms": args.transforms, "hidden": args.hidden, "mc_steps": args.mc_steps}
-    for layout in ("none", "final", "interleaved"):
-        if layout not in args.layouts:
-            continue
+    # trained in lockstep: RealNVP (needed by "final" too) and the interleaved SNF, in both libraries
+    to_train = [layout for layout in ("none", "interleaved") if layout in args.layouts]
+    if "final" in args.layouts and "none" not in to_train:
+        to_train.insert(0, "none")
+    names = {"none": "RealNVP", "interleaved": "SNF, interleaved", "final": "SNF, final"}
+    for layout in to_train:
         torch.manual_seed(0)
-        name = "flows RealNVP" if layout == "none" else f"flows SNF, {layout}"
+        name = f"flows {names[layout]}"
         models[name], steppers[name] = ex["build"](layout, tempered, **sizes), _ours_step
-    for layout in ("final", "interleaved"):
-        if layout not in args.layouts:
-            continue
+    for layout in to_train:
         torch.manual_seed(0)
         peer = normflows_snf(tempered, layout, step_size=0.25, **sizes)
         if peer is None:
             print("normflows is not installed (pip install '.[bench]'): skipping it")
             break
-        models[f"normflows SNF, {layout}"], steppers[f"normflows SNF, {layout}"] = peer, _nf_step
+        models[f"normflows {names[layout]}"], steppers[f"normflows {names[layout]}"] = peer, _nf_step
     optimizers = {k: torch.optim.Adam(m.parameters(), lr=1e-3) for k, m in models.items()}
     schedules = {k: torch.optim.lr_scheduler.CosineAnnealingLR(o, args.steps) for k, o in optimizers.items()}
     times: dict[str, list[float]] = {k: [] for k in models}
@@ -141,6 +149,15 @@ def double_well(args: argparse.Namespace) -> dict[str, dict[str, float]]:
             if not torch.isfinite(loss):
                 failed[name] = f"non-finite loss at step {step}"
     tempered.temperature = 1.0
+    if "final" in args.layouts:  # the trained RealNVPs followed by a block on the target (no extra training)
+        models["flows SNF, final"] = ex["add_final_block"](models["flows RealNVP"], target, mc_steps=args.mc_steps)
+        if "normflows RealNVP" in models:
+            nf_final = normflows_add_final_block(models["normflows RealNVP"], mc_steps=args.mc_steps, step_size=0.25)
+            models["normflows SNF, final"] = nf_final
+        if "none" not in args.layouts:
+            for lib in ("flows", "normflows"):
+                models.pop(f"{lib} RealNVP", None)
+        times.update({name: [] for name in models if name.endswith("final")})
 
     def ours(name: str) -> str:  # the flows model of the same layout: the step-time reference
         return name.replace("normflows", "flows")
@@ -172,7 +189,11 @@ def double_well(args: argparse.Namespace) -> dict[str, dict[str, float]]:
         log_z = f"{r['log_z_error']:+.4f} ± {r['log_z_stderr']:.4f}"
         print(
             f"{name:26s} {r['ess']:7.4f} {log_z:>17s} {r['profile_unweighted']:16.4f} {r['profile_reweighted']:16.4f} "
-            f"{r['step_ms']:8.2f} {r['step_ms'] / results[ours(name)]['step_ms']:8.2f}x"
+            + (
+                f"{'—':>8s} {'—':>9s}  (no training: the RealNVP above + a final block)"
+                if name.endswith("final")
+                else f"{r['step_ms']:8.2f} {r['step_ms'] / results[ours(name)]['step_ms']:8.2f}x"
+            )
             + (f"  ({r['failed']})" if "failed" in r else "")
         )
     return results
