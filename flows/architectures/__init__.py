@@ -3,6 +3,7 @@
 One module per family; every builder is a :class:`~flows.flow.Flow` subclass.
 """
 
+from flows.architectures.autoregressive import IAF, MAF, NSF
 from flows.architectures.coupling import NICE, RealNVP
 
-__all__ = ["NICE", "RealNVP"]
+__all__ = ["IAF", "MAF", "NICE", "NSF", "RealNVP"]
