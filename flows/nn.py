@@ -73,10 +73,21 @@ class MLP(nn.Module):
 
 
 def _made_hidden_degrees(
-    features: int, widths: Sequence[int], scheme: str | Sequence[Tensor], generator: torch.Generator | None
+    features: int,
+    widths: Sequence[int],
+    scheme: str | Sequence[Tensor],
+    generator: torch.Generator | None,
+    conditional: bool,
 ) -> list[Tensor]:
-    """Degrees of the hidden units of a MADE, each layer sorted (non-decreasing)."""
-    top = features - 2  # a hidden unit of degree m sees the inputs of order <= m; outputs of order t see m < t
+    """Degrees of the hidden units of a MADE, each layer sorted (non-decreasing).
+
+    A unit of degree ``m`` sees the inputs of order ``<= m`` (and the context); the outputs of the
+    feature of order ``t`` see the last-layer units of degree ``< t``. Degree ``-1`` units see only
+    the context: a conditional MADE uses degrees ``-1..D-2`` (so the first feature's parameters
+    depend on the context), an unconditional one ``0..D-2``.
+    """
+    top = features - 2
+    low = -1 if conditional or top < 0 else 0
     if not isinstance(scheme, str):
         degrees = [torch.as_tensor(d, dtype=torch.long) for d in scheme]
         if len(degrees) != len(widths):
@@ -90,12 +101,11 @@ def _made_hidden_degrees(
                     f"got values in [{int(d.min())}, {int(d.max())}]"
                 )
         return [d.sort().values for d in degrees]
-    if top < 0:  # one feature: the hidden units may only see the context
-        return [torch.full((w,), -1, dtype=torch.long) for w in widths]
+    top = max(top, low)
     if scheme == "sequential":
-        return [(torch.arange(w) % (top + 1)).sort().values for w in widths]
+        return [(torch.arange(w) % (top - low + 1) + low).sort().values for w in widths]
     if scheme == "random":
-        degrees, low = [], 0
+        degrees = []
         for w in widths:
             d = torch.randint(low, top + 1, (w,), generator=generator).sort().values
             degrees.append(d)
@@ -108,11 +118,13 @@ class MADE(nn.Module):
     r"""Masked autoencoder for distribution estimation: an MLP whose outputs are autoregressive in its inputs.
 
     Every input :math:`x_i` has an order :math:`o_i` (a permutation of ``0..D-1``), every hidden unit a
-    degree :math:`m \in \{-1, \dots, D-2\}`. Masks keep a weight from input :math:`j` to a first-layer
-    unit :math:`k` iff :math:`m_k \ge o_j`, between hidden layers iff :math:`m_k \ge m_j`, and from a
-    last-layer unit :math:`k` to the outputs of feature :math:`i` iff :math:`o_i > m_k`; the context
-    (degree :math:`-1`) feeds every first-layer unit. Hence the outputs of feature :math:`i` depend
-    only on the context and on the inputs :math:`x_j` with :math:`o_j < o_i`.
+    degree :math:`m \in \{-1, \dots, D-2\}` (:math:`-1`: sees only the context; used when there
+    is a context, so that the first feature's parameters depend on it). Masks keep a weight from
+    input :math:`j` to a first-layer unit :math:`k` iff :math:`m_k \ge o_j`, between hidden layers
+    iff :math:`m_k \ge m_j`, and from a last-layer unit :math:`k` to the outputs of feature
+    :math:`i` iff :math:`o_i > m_k`; the context (degree :math:`-1`) feeds every first-layer unit.
+    Hence the outputs of feature :math:`i` depend only on the context and on the inputs
+    :math:`x_j` with :math:`o_j < o_i`.
 
     Output layout (parameter-major): ``out_features = D · P`` and output unit ``p · D + i`` is raw
     parameter ``p`` of feature ``i``, so ``out.unflatten(-1, (P, D)).transpose(-1, -2)`` has shape
@@ -143,8 +155,9 @@ class MADE(nn.Module):
         hidden: widths of the hidden layers (at least one).
         context: width of the context input (0 for none).
         order: the autoregressive order ``o`` (a permutation of ``range(D)``; default ``range(D)``).
-        hidden_degrees: ``"sequential"`` (:math:`m_k = k \bmod (D-1)`), ``"random"`` (the MADE
-            paper's scheme) or one tensor of degrees per hidden layer. Units are stored sorted by degree.
+        hidden_degrees: ``"sequential"`` (degrees cycle through ``0..D-2``, or ``-1..D-2`` with a
+            context), ``"random"`` (the MADE paper's scheme, drawn in the same range) or one tensor of
+            degrees per hidden layer. Units are stored sorted by degree.
         residual: residual hidden layers (all hidden widths equal).
         activation: constructor of the nonlinearity.
         zero_init: zero the last layer (a flow built on it starts at the identity).
@@ -197,7 +210,7 @@ class MADE(nn.Module):
         self.in_features, self.out_features, self.context_features = d, out_features, context
         self.params_per_feature = out_features // d
         self.residual = residual
-        degrees = _made_hidden_degrees(d, hidden, hidden_degrees, generator)
+        degrees = _made_hidden_degrees(d, hidden, hidden_degrees, generator, conditional=context > 0)
         if residual and any(not torch.equal(deg, degrees[0]) for deg in degrees):
             if not isinstance(hidden_degrees, str):
                 raise ValueError("MADE: residual=True needs the same hidden degrees in every layer")

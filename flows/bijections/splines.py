@@ -106,14 +106,24 @@ class RationalQuadraticSpline(Transformer):
         self.min_derivative = float(min_derivative)
         self.params_per_dim = 3 * bins - 1
         self._softplus_shift = math.log(math.expm1(1 - self.min_derivative))
-        steps = torch.arange(bins + 1, dtype=torch.float64)
-        minima = torch.tensor([[self.min_bin_width], [self.min_bin_height]], dtype=torch.float64)
-        # knot_j = -B + 2B (m j + (1 - K m) Σ_{i<j} softmax_i): the constant part (exact ends) and the scale.
-        offsets = -self.bound + 2 * self.bound * minima * steps
-        offsets[:, -1] = self.bound
-        dtype = torch.get_default_dtype()
-        self.register_buffer("_offsets", offsets.to(dtype), persistent=False)  # (2, K + 1): x, y
-        self.register_buffer("_scales", (2 * self.bound * (1 - bins * minima)).to(dtype), persistent=False)
+        self._constants: dict[tuple[torch.dtype, torch.device], tuple[Tensor, Tensor]] = {}
+
+    def _knot_constants(self, like: Tensor) -> tuple[Tensor, Tensor]:
+        """Offsets ``(2, K + 1)`` and scales ``(2, 1)`` of the knots (rows x, y), cached per dtype and device.
+
+        Knot ``j`` is ``-B + 2B (m j + (1 - K m) Σ_{i<j} softmax_i)``: the offsets hold the constant
+        part (with exactly ``-B`` and ``B`` at the ends), the scales ``2B (1 - K m)``. They are
+        computed in float64 and cast once, not stored as buffers (a float32 round trip would cost
+        precision in float64).
+        """
+        key = (like.dtype, like.device)
+        if key not in self._constants:
+            minima = torch.tensor([[self.min_bin_width], [self.min_bin_height]], dtype=torch.float64)
+            offsets = -self.bound + 2 * self.bound * minima * torch.arange(self.bins + 1, dtype=torch.float64)
+            offsets[:, -1] = self.bound
+            scales = 2 * self.bound * (1 - self.bins * minima)
+            self._constants[key] = (offsets.to(like), scales.to(like))
+        return self._constants[key]
 
     def _bin_parameters(self, v: Tensor, params: Tensor, inverse: bool) -> tuple[Tensor, ...]:
         """Locate ``v`` (clamped to the domain) and return its bin's ``x_k, w_k, y_k, h_k, d_k, d_{k+1}``."""
@@ -123,7 +133,7 @@ class RationalQuadraticSpline(Transformer):
                 f"(3 * bins - 1 with bins={self.bins}), got {tuple(params.shape)}"
             )
         params = params.expand(*v.shape, self.params_per_dim)
-        offsets, scales = self._offsets.to(params.dtype), self._scales.to(params.dtype)
+        offsets, scales = self._knot_constants(params)
         ends, raw = _BinEnds.apply(params, v.detach(), offsets, scales, int(inverse))
         derivatives = F.softplus(raw + self._softplus_shift) + self.min_derivative
         x_k, y_k = ends[0, 0], ends[1, 0]
