@@ -112,7 +112,7 @@ class RationalQuadraticSpline(Transformer):
         """Offsets ``(2, K + 1)`` and scales ``(2, 1)`` of the knots (rows x, y), cached per dtype and device.
 
         Knot ``j`` is ``-B + 2B (m j + (1 - K m) Σ_{i<j} softmax_i)``: the offsets hold the constant
-        part (with exactly ``-B`` and ``B`` at the ends), the scales ``2B (1 - K m)``. They are
+        part, the scales ``2B (1 - K m)``. They are
         computed in float64 and cast once, not stored as buffers (a float32 round trip would cost
         precision in float64).
         """
@@ -120,7 +120,6 @@ class RationalQuadraticSpline(Transformer):
         if key not in self._constants:
             minima = torch.tensor([[self.min_bin_width], [self.min_bin_height]], dtype=torch.float64)
             offsets = -self.bound + 2 * self.bound * minima * torch.arange(self.bins + 1, dtype=torch.float64)
-            offsets[:, -1] = self.bound
             scales = 2 * self.bound * (1 - self.bins * minima)
             self._constants[key] = (offsets.to(like), scales.to(like))
         return self._constants[key]
@@ -178,6 +177,17 @@ class RationalQuadraticSpline(Transformer):
         return f"bins={self.bins}, bound={self.bound}"
 
 
+def _dense_stride(t: Tensor) -> tuple[int, ...] | None:
+    """The strides of ``t`` if it fills its memory densely (a permuted contiguous tensor), else ``None``."""
+    order = sorted(range(t.dim()), key=lambda i: t.stride(i))
+    expected = 1
+    for i in order:
+        if t.shape[i] != 1 and t.stride(i) != expected:
+            return None
+        expected *= t.shape[i]
+    return t.stride()
+
+
 class _BinEnds(torch.autograd.Function):
     r"""Knots from raw sizes, bin search and gather, with a hand-written backward.
 
@@ -189,9 +199,10 @@ class _BinEnds(torch.autograd.Function):
 
     With :math:`p = \operatorname{softmax}(u)` and :math:`C_j = \sum_{i<j} p_i`, knot :math:`j` is
     :math:`o_j + s C_j` and :math:`\partial C_j / \partial u_l = p_l([l < j] - C_j)`. The backward
-    applies this to the two gathered knots directly instead of differentiating softmax, cumsum,
-    padding and gather one by one. It is once-differentiable (a second derivative with respect to
-    the raw parameters raises).
+    applies this to the two gathered knots directly, writing into the gradient buffer in place,
+    instead of differentiating softmax, cumsum and gather one by one (several times fewer passes
+    over ``(K, *S)`` tensors). It is once-differentiable (a second derivative with respect to the
+    raw parameters raises).
     """
 
     @staticmethod
@@ -199,32 +210,31 @@ class _BinEnds(torch.autograd.Function):
         k = offsets.shape[-1] - 1
         shape = v.shape
         trailing = (1,) * len(shape)
-        theta = params.movedim(-1, 0)  # (3K - 1, *S)
-        sizes = theta[: 2 * k].unflatten(0, (2, k))  # (2, K, *S)
-        e = torch.exp(sizes - sizes.amax(1, keepdim=True))
-        cumulative = torch.cumsum(e, dim=1)
-        inverse_total = torch.reciprocal(cumulative[:, -1:])
-        knots = torch.empty((2, k + 1, *shape), dtype=params.dtype, device=params.device)
-        knots[:, 0], knots[:, k] = offsets[0, 0], offsets[0, k]  # exactly -B and B
-        torch.addcmul(
-            offsets[:, 1:k].view(2, k - 1, *trailing),
-            cumulative[:, :-1],
-            inverse_total * scales.view(2, 1, *trailing),
-            out=knots[:, 1:k],
-        )
-        index = (v >= knots[row, 1:k]).sum(0)  # S: the bin k (v on a knot goes to the bin on its right)
+        theta = params.movedim(-1, 0)  # (3K - 1, *S), a view
+        sizes = theta[: 2 * k].unflatten(0, (2, k))
+        e = sizes - sizes.amax(1, keepdim=True)
+        e.exp_()
+        cumulative = torch.empty((2, k + 1, *shape), dtype=params.dtype, device=params.device)
+        cumulative[:, 0] = 0
+        torch.cumsum(e, 1, out=cumulative[:, 1:])  # unnormalised C_j, j = 0..K
+        scaled = torch.reciprocal(cumulative[:, k:]).mul_(scales.view(2, 1, *trailing))  # s / total, (2, 1, *S)
+        interior = torch.addcmul(offsets[row, 1:k].view(k - 1, *trailing), cumulative[row, 1:k], scaled[row])
+        below = v >= interior  # (K - 1, *S): knot j + 1 <= v
+        index = below.sum(0)  # the bin k (v on a knot goes to the bin on its right)
         pair = torch.stack((index, index + 1))  # (2, *S)
-        pairs = pair.expand(2, 2, *shape)
-        ends = knots.gather(1, pairs)
-        raw = torch.zeros((k + 1, *shape), dtype=params.dtype, device=params.device)
-        raw[1:k] = theta[2 * k :]
-        raw = raw.gather(0, pair)
+        c_ends = cumulative.gather(1, pair.expand(2, 2, *shape)).mul_(scaled)  # s C_j at j = k, k + 1
+        # knot j = o_0 + (o_1 - o_0) j + s C_j (o_j is linear in j)
+        ends = torch.addcmul(c_ends, pair, (offsets[:, 1] - offsets[:, 0]).view(2, 1, *trailing)).add_(
+            offsets[:, :1].view(2, 1, *trailing)
+        )
+        slot = (pair + (2 * k - 1)).clamp_(2 * k, max(3 * k - 2, 2 * k))  # raw derivative of knot j: row 2K + j - 1
+        interior_knot = (pair > 0) & (pair < k)  # the boundary knots have raw derivative 0 (d = 1)
+        raw = theta.gather(0, slot) if k > 1 else torch.zeros_like(slot, dtype=params.dtype)
+        raw = torch.where(interior_knot, raw, torch.zeros_like(raw))
         if ctx.needs_input_grad[0]:
-            c_ends = (ends - offsets.view(2, k + 1, *trailing).expand(2, k + 1, *shape).gather(1, pairs)) / scales.view(
-                2, 1, *trailing
-            )
-            c_ends.masked_fill_(pairs == k, 1.0)  # C_K = 1
-            ctx.save_for_backward(e.mul_(inverse_total), c_ends, pair, scales, params)
+            c_ends.div_(scales.view(2, 1, *trailing))  # C_k, C_{k+1}
+            ctx.save_for_backward(e.mul_(scaled), below, c_ends, slot, interior_knot)
+            ctx.layout = (params.shape, _dense_stride(params))
             ctx.k = k
         ctx.mark_non_differentiable(pair)
         return ends, raw
@@ -232,19 +242,24 @@ class _BinEnds(torch.autograd.Function):
     @staticmethod
     @torch.autograd.function.once_differentiable
     def backward(ctx, grad_ends: Tensor, grad_raw: Tensor) -> tuple[Tensor | None, ...]:
-        p, c_ends, pair, scales, params = ctx.saved_tensors
+        scaled_p, below, c_ends, slot, interior_knot = ctx.saved_tensors
         k = ctx.k
-        trailing = (1,) * (p.dim() - 2)
-        g0, g1 = grad_ends[:, 0:1], grad_ends[:, 1:2]  # (2, 1, *S): knot k, knot k + 1
-        bins = torch.arange(k, device=p.device).view(k, *trailing)
-        bin_k = pair[0]
-        # d knot_j / d u_l = s p_l ([l < j] - C_j) for j = k, k + 1
-        below = torch.where(bins < bin_k, g0 + g1, torch.where(bins == bin_k, g1, torch.zeros_like(g1)))
-        below.sub_(g0 * c_ends[:, 0:1] + g1 * c_ends[:, 1:2]).mul_(p).mul_(scales.view(2, 1, *trailing))
-        grad = torch.empty_like(params)  # same memory layout as the parameters
+        g0, g1 = grad_ends[:, 0], grad_ends[:, 1]  # (2, *S): knot k, knot k + 1
+        shape, stride = ctx.layout  # the gradient gets the parameters' memory layout
+        if stride is None:
+            grad = torch.empty(shape, dtype=g0.dtype, device=g0.device)
+        else:
+            grad = torch.empty_strided(shape, stride, dtype=g0.dtype, device=g0.device)
         theta = grad.movedim(-1, 0)
-        theta[: 2 * k].copy_(below.flatten(0, 1))
-        grad_d = torch.zeros((k + 1, *pair.shape[1:]), dtype=p.dtype, device=p.device)
-        grad_d.scatter_add_(0, pair, grad_raw)
-        theta[2 * k :].copy_(grad_d[1:k])
+        # d knot_j / d u_l = s p_l ([l < j] - C_j) for j = k, k + 1; [l < k] = below[l], [l <= k] = below[l - 1].
+        g = theta[: 2 * k].unflatten(0, (2, k))
+        torch.mul(below, g0.unsqueeze(1), out=g[:, : k - 1])
+        g[:, k - 1].zero_()
+        g[:, 1:].addcmul_(below, g1.unsqueeze(1))
+        g[:, 0].add_(g1)
+        g.sub_((g0 * c_ends[:, 0] + g1 * c_ends[:, 1]).unsqueeze(1)).mul_(scaled_p)
+        if k > 1:
+            derivatives = theta[2 * k :]
+            derivatives.zero_()
+            derivatives.scatter_add_(0, slot - 2 * k, torch.where(interior_knot, grad_raw, torch.zeros_like(grad_raw)))
         return grad, None, None, None, None
