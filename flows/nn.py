@@ -159,6 +159,9 @@ class MADE(nn.Module):
             context), ``"random"`` (the MADE paper's scheme, drawn in the same range) or one tensor of
             degrees per hidden layer. Units are stored sorted by degree.
         residual: residual hidden layers (all hidden widths equal).
+        dropout: probability of zeroing each hidden activation in train mode (a regulariser for
+            small data sets). Only :meth:`forward` drops units; :meth:`solve` is deterministic, so
+            with ``dropout > 0`` evaluate and sample in eval mode (:func:`flows.evaluating`).
         activation: constructor of the nonlinearity.
         zero_init: zero the last layer (a flow built on it starts at the identity).
         generator: random generator for ``hidden_degrees="random"``.
@@ -185,12 +188,15 @@ class MADE(nn.Module):
         order: Sequence[int] | Tensor | None = None,
         hidden_degrees: str | Sequence[Tensor] = "sequential",
         residual: bool = False,
+        dropout: float = 0.0,
         activation: Callable[[], nn.Module] = nn.ReLU,
         zero_init: bool = True,
         generator: torch.Generator | None = None,
     ) -> None:
         super().__init__()
         d = in_features
+        if not 0 <= dropout < 1:
+            raise ValueError(f"MADE: expected 0 <= dropout < 1, got {dropout}")
         if not isinstance(d, int) or d < 1:
             raise ValueError(f"MADE: expected in_features to be a positive int, got {in_features!r}")
         if not isinstance(out_features, int) or out_features < d or out_features % d:
@@ -231,6 +237,7 @@ class MADE(nn.Module):
             nn.init.zeros_(self.layers[-1].weight)
             nn.init.zeros_(self.layers[-1].bias)
         self.activation = activation()
+        self.dropout = float(dropout)
 
     def masks(self) -> list[Tensor]:
         """The connectivity masks ``(out, in)`` of every layer, in order."""
@@ -245,7 +252,12 @@ class MADE(nn.Module):
         if self.context_features:
             check_context(context, self.context_features, "MADE")
             x = torch.cat((x, context.expand(*x.shape[:-1], self.context_features)), dim=-1)
-        masks, layers, act = self.masks(), self.layers, self.activation
+        masks, layers = self.masks(), self.layers
+
+        def act(h: Tensor) -> Tensor:
+            h = self.activation(h)
+            return F.dropout(h, self.dropout, self.training) if self.dropout else h
+
         h = F.linear(x, layers[0].weight * masks[0], layers[0].bias)
         for layer, mask in zip(layers[1:-1], masks[1:-1], strict=True):
             if self.residual:

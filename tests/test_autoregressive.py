@@ -208,6 +208,22 @@ def test_training_reduces_the_loss() -> None:
         assert after < before - 0.3
 
 
+def test_dropout_acts_in_train_mode_only() -> None:
+    torch.manual_seed(0)
+    flow = perturb_parameters(NSF(4, transforms=2, hidden=(32,), dropout=0.5).double(), 0.3)
+    x = torch.randn(6, 4, dtype=torch.float64)
+    flow.train()
+    assert not torch.equal(flow.log_prob(x), flow.log_prob(x))  # stochastic while training
+    with flows.evaluating(flow):
+        first = flow.log_prob(x)
+        assert torch.equal(first, flow.log_prob(x))
+        check_bijection(flow.transform, x)  # in eval mode: deterministic and exactly invertible
+    with pytest.raises(ValueError, match=r"MADE: expected 0 <= dropout < 1, got 1\.0"):
+        MADE(3, 6, dropout=1.0)
+    with pytest.raises(ValueError, match="NSF: dropout is only available for the autoregressive variant"):
+        NSF(4, coupling=True, dropout=0.1)
+
+
 def test_bad_arguments() -> None:
     with pytest.raises(ValueError, match=r"MADE: expected out_features to be a positive multiple of in_features=3"):
         MADE(3, 7)

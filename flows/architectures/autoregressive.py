@@ -51,6 +51,7 @@ def _autoregressive_layers(
     randperm: bool,
     activation: Callable[[], nn.Module],
     generator: torch.Generator | None,
+    dropout: float = 0.0,
 ) -> list[MaskedAutoregressive]:
     return [
         MaskedAutoregressive(
@@ -60,6 +61,7 @@ def _autoregressive_layers(
             hidden=hidden,
             order=order,
             residual=residual,
+            dropout=dropout,
             activation=activation,
         )
         for order in _orders(features, transforms, randperm, generator)
@@ -89,6 +91,7 @@ class MAF(Flow):
         batch_norm: a :class:`~flows.bijections.normalization.BatchNorm` after every layer but the
             last (as in the MAF paper; evaluate with :func:`flows.evaluating`).
         clamp: bound on the absolute log-scale (``None`` for none).
+        dropout: dropout on the MADEs' hidden units in train mode (see :class:`~flows.nn.MADE`).
         activation: nonlinearity of the MADEs.
         generator: random generator for ``randperm``.
 
@@ -111,6 +114,7 @@ class MAF(Flow):
         randperm: bool = False,
         batch_norm: bool = False,
         clamp: float | None = 3.0,
+        dropout: float = 0.0,
         activation: Callable[[], nn.Module] = nn.ReLU,
         generator: torch.Generator | None = None,
     ) -> None:
@@ -125,6 +129,7 @@ class MAF(Flow):
             randperm=randperm,
             activation=activation,
             generator=generator,
+            dropout=dropout,
         )
         chain: list[Bijection] = []
         for i, layer in enumerate(layers):
@@ -228,6 +233,8 @@ class NSF(Flow):
         lu: an LU-parameterised linear layer before every spline layer.
         residual: residual MADEs (autoregressive variant, equal hidden widths).
         randperm: random feature orders (autoregressive variant).
+        dropout: dropout on the MADEs' hidden units in train mode (autoregressive variant; see
+            :class:`~flows.nn.MADE`).
         activation: nonlinearity of the conditioners.
         generator: random generator for ``randperm``.
 
@@ -252,10 +259,13 @@ class NSF(Flow):
         lu: bool = False,
         residual: bool = False,
         randperm: bool = False,
+        dropout: float = 0.0,
         activation: Callable[[], nn.Module] = nn.ReLU,
         generator: torch.Generator | None = None,
     ) -> None:
         _check("NSF", features, transforms, minimum=2 if coupling else 1)
+        if coupling and dropout:
+            raise ValueError(f"NSF: dropout is only available for the autoregressive variant, got dropout={dropout}")
         RationalQuadraticSpline(bins, bound=bound)  # validates bins and bound with a clear message
 
         def spline() -> RationalQuadraticSpline:
@@ -284,6 +294,7 @@ class NSF(Flow):
                 randperm=randperm,
                 activation=activation,
                 generator=generator,
+                dropout=dropout,
             )
         if lu:
             layers = [m for layer in layers for m in (LULinear(features), layer)]

@@ -52,7 +52,7 @@ class MaskedAutoregressive(Bijection):
             :class:`~flows.bijections.splines.RationalQuadraticSpline`).
         hidden: hidden widths of the default MADE.
         order: autoregressive order of the features (a permutation of ``range(D)``).
-        hidden_degrees, residual, activation: passed to :class:`~flows.nn.MADE`.
+        hidden_degrees, residual, dropout, activation: passed to :class:`~flows.nn.MADE`.
         conditioner: a :class:`~flows.nn.MADE` to use instead of the default one (its
             ``out_features`` must be ``D · transformer.params_per_dim``).
 
@@ -79,6 +79,7 @@ class MaskedAutoregressive(Bijection):
         order: Sequence[int] | Tensor | None = None,
         hidden_degrees: str | Sequence[Tensor] = "sequential",
         residual: bool = False,
+        dropout: float = 0.0,
         activation: Callable[[], nn.Module] = nn.ReLU,
         conditioner: MADE | None = None,
     ) -> None:
@@ -95,6 +96,7 @@ class MaskedAutoregressive(Bijection):
                 order=order,
                 hidden_degrees=hidden_degrees,
                 residual=residual,
+                dropout=dropout,
                 activation=activation,
             )
         elif not isinstance(conditioner, MADE) or conditioner.in_features != d or conditioner.out_features != d * p:

@@ -233,7 +233,7 @@ class _BinEnds(torch.autograd.Function):
         raw = torch.where(interior_knot, raw, torch.zeros_like(raw))
         if ctx.needs_input_grad[0]:
             c_ends.div_(scales.view(2, 1, *trailing))  # C_k, C_{k+1}
-            ctx.save_for_backward(e.mul_(scaled), below, c_ends, slot, interior_knot)
+            ctx.save_for_backward(e, scaled, below, c_ends, slot, interior_knot)
             ctx.layout = (params.shape, _dense_stride(params))
             ctx.k = k
         ctx.mark_non_differentiable(pair)
@@ -242,22 +242,25 @@ class _BinEnds(torch.autograd.Function):
     @staticmethod
     @torch.autograd.function.once_differentiable
     def backward(ctx, grad_ends: Tensor, grad_raw: Tensor) -> tuple[Tensor | None, ...]:
-        scaled_p, below, c_ends, slot, interior_knot = ctx.saved_tensors
+        e, scaled, below, c_ends, slot, interior_knot = ctx.saved_tensors
         k = ctx.k
-        g0, g1 = grad_ends[:, 0], grad_ends[:, 1]  # (2, *S): knot k, knot k + 1
+        # With p_l = e_l / total: d knot_j / d u_l = (s / total) e_l ([l < j] - C_j) for j = k, k + 1.
+        # The factor s / total multiplies the small (2, *S) upstream gradients, not the (2, K, *S) terms.
+        scaled = scaled.squeeze(1)
+        g0, g1 = grad_ends[:, 0] * scaled, grad_ends[:, 1] * scaled  # (2, *S): knot k, knot k + 1
         shape, stride = ctx.layout  # the gradient gets the parameters' memory layout
         if stride is None:
             grad = torch.empty(shape, dtype=g0.dtype, device=g0.device)
         else:
             grad = torch.empty_strided(shape, stride, dtype=g0.dtype, device=g0.device)
         theta = grad.movedim(-1, 0)
-        # d knot_j / d u_l = s p_l ([l < j] - C_j) for j = k, k + 1; [l < k] = below[l], [l <= k] = below[l - 1].
+        # [l < k] = below[l], [l <= k] = below[l - 1] (and 1 for l = 0).
         g = theta[: 2 * k].unflatten(0, (2, k))
         torch.mul(below, g0.unsqueeze(1), out=g[:, : k - 1])
         g[:, k - 1].zero_()
         g[:, 1:].addcmul_(below, g1.unsqueeze(1))
         g[:, 0].add_(g1)
-        g.sub_((g0 * c_ends[:, 0] + g1 * c_ends[:, 1]).unsqueeze(1)).mul_(scaled_p)
+        g.sub_((g0 * c_ends[:, 0] + g1 * c_ends[:, 1]).unsqueeze(1)).mul_(e)
         if k > 1:
             derivatives = theta[2 * k :]
             derivatives.zero_()
