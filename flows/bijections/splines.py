@@ -135,46 +135,49 @@ class RationalQuadraticSpline(Transformer):
             )
         params = params.expand(*v.shape, self.params_per_dim)
         offsets, scales = self._knot_constants(params)
-        lower, size, raw = _BinEnds.apply(params, v.detach(), offsets, scales, int(inverse))
+        lower, size, raw = _BinEnds.apply(params, v.detach(), offsets, scales, int(inverse), self._softplus_shift)
         x_k, y_k = lower.unbind(0)
         width, height = size.unbind(0)
-        d_k, d_k1 = (F.softplus(raw + self._softplus_shift) + self.min_derivative).unbind(0)
+        d_k, d_k1 = (F.softplus(raw) + self.min_derivative).unbind(0)
         return x_k, width, y_k, height, d_k, d_k1
 
     @staticmethod
-    def _log_derivative(xi: Tensor, s: Tensor, d_k: Tensor, d_k1: Tensor, denominator: Tensor) -> Tensor:
-        one_minus = 1 - xi
-        numerator = d_k1 * xi * xi + 2 * s * xi * one_minus + d_k * one_minus * one_minus
-        return torch.log(numerator) + 2 * torch.log(s) - 2 * torch.log(denominator)
+    def _log_derivative(xi: Tensor, one_minus: Tensor, s: Tensor, d_k: Tensor, d_k1: Tensor, den: Tensor) -> Tensor:
+        """``log dy/dx = log(d_{k+1} ξ² + 2 s ξ(1-ξ) + d_k (1-ξ)²) + 2 log(s / den)``."""
+        numerator = torch.addcmul(d_k1 * (xi * xi), s, xi * one_minus, value=2)
+        numerator = torch.addcmul(numerator, d_k, one_minus * one_minus)
+        return torch.add(torch.log(numerator), torch.log(s / den), alpha=2)
 
     def forward_and_log_det(self, x: Tensor, params: Tensor) -> tuple[Tensor, Tensor]:
-        inside = (x >= -self.bound) & (x <= self.bound)
         xc = x.clamp(-self.bound, self.bound)
+        inside = xc == x
         x_k, w, y_k, h, d_k, d_k1 = self._bin_parameters(xc, params, inverse=False)
         s = h / w
         xi = (xc - x_k) / w
-        t = xi * (1 - xi)
-        denominator = s + (d_k1 + d_k - 2 * s) * t
-        y = y_k + h * (s * xi * xi + d_k * t) / denominator
-        ladj = self._log_derivative(xi, s, d_k, d_k1, denominator)
-        return torch.where(inside, y, x), torch.where(inside, ladj, torch.zeros_like(ladj))
+        one_minus = 1 - xi
+        t = xi * one_minus
+        den = torch.addcmul(s, torch.add(d_k + d_k1, s, alpha=-2), t)  # s + (d_k + d_{k+1} - 2s) t
+        y = torch.addcmul(y_k, h, torch.addcmul(d_k * t, s, xi * xi) / den)  # y_k + h (s ξ² + d_k t) / den
+        ladj = self._log_derivative(xi, one_minus, s, d_k, d_k1, den)
+        return torch.where(inside, y, x), torch.where(inside, ladj, 0.0)
 
     def inverse_and_log_det(self, z: Tensor, params: Tensor) -> tuple[Tensor, Tensor]:
-        inside = (z >= -self.bound) & (z <= self.bound)
         zc = z.clamp(-self.bound, self.bound)
+        inside = zc == z
         x_k, w, y_k, h, d_k, d_k1 = self._bin_parameters(zc, params, inverse=True)
         s = h / w
         dy = zc - y_k
-        delta = d_k1 + d_k - 2 * s
-        a = h * (s - d_k) + dy * delta
-        b = h * d_k - dy * delta
+        delta = torch.add(d_k + d_k1, s, alpha=-2)
+        a = torch.addcmul(dy * delta, h, s - d_k)
+        b = torch.addcmul(-dy * delta, h, d_k)
         c = -s * dy
-        discriminant = (b * b - 4 * a * c).clamp_min(0)
+        discriminant = torch.addcmul(b * b, a, c, value=-4).clamp_min(0)
         xi = (2 * c) / (-b - torch.sqrt(discriminant))
-        x = x_k + xi * w
-        denominator = s + delta * xi * (1 - xi)
-        ladj = -self._log_derivative(xi, s, d_k, d_k1, denominator)
-        return torch.where(inside, x, z), torch.where(inside, ladj, torch.zeros_like(ladj))
+        x = torch.addcmul(x_k, xi, w)
+        one_minus = 1 - xi
+        den = torch.addcmul(s, delta, xi * one_minus)
+        ladj = -self._log_derivative(xi, one_minus, s, d_k, d_k1, den)
+        return torch.where(inside, x, z), torch.where(inside, ladj, 0.0)
 
     def extra_repr(self) -> str:
         return f"bins={self.bins}, bound={self.bound}"
@@ -196,7 +199,7 @@ class _BinEnds(torch.autograd.Function):
 
     Forward: raw parameters ``(*S, 3K - 1)`` and points ``v`` of shape ``S`` → the lower knot and the
     size of the bin holding each ``v``, both ``(2, *S)`` (rows x and y), and the raw derivatives
-    at its two knots, ``(2, *S)`` (0 at the boundary knots).
+    at its two knots plus ``shift``, ``(2, *S)`` (the raw derivative is 0 at the boundary knots).
 
     With :math:`p = \operatorname{softmax}(u)` and :math:`C_j = \sum_{i<j} p_i`, knot :math:`j` is
     :math:`o_j + s C_j` and :math:`\partial C_j / \partial u_l = p_l([l < j] - C_j)`. The backward
@@ -213,7 +216,9 @@ class _BinEnds(torch.autograd.Function):
     """
 
     @staticmethod
-    def forward(ctx, params: Tensor, v: Tensor, offsets: Tensor, scales: Tensor, row: int) -> tuple[Tensor, ...]:
+    def forward(
+        ctx, params: Tensor, v: Tensor, offsets: Tensor, scales: Tensor, row: int, shift: float
+    ) -> tuple[Tensor, ...]:
         k = offsets.shape[-1] - 1
         shape = v.shape
         trailing = (1,) * len(shape)
@@ -248,9 +253,9 @@ class _BinEnds(torch.autograd.Function):
             steps[0] = r[0]
             torch.sub(r[1:], r[:-1], out=steps[1 : k - 1])
             torch.neg(r[-1], out=steps[k - 1])
-            raw = torch.stack(((below * steps[:-1]).sum(0), (below * steps[1:]).sum(0).add_(r[0])))
+            raw = torch.stack(((below * steps[:-1]).sum(0), (below * steps[1:]).sum(0).add_(r[0]))).add_(shift)
         else:
-            raw = torch.zeros((2, *shape), dtype=dtype, device=device)
+            raw = torch.full((2, *shape), shift, dtype=dtype, device=device)
         if ctx.needs_input_grad[0]:
             ctx.save_for_backward(e, scaled, below, c_low.mul_(inverse_total), c_high.mul_(inverse_total))
             ctx.layout = (params.shape, _dense_stride(params))
@@ -287,4 +292,4 @@ class _BinEnds(torch.autograd.Function):
             out[:-1].addcmul_(below[1:], d0, value=-1)
             out[1:].addcmul_(below[:-1], d1)
             out[0].add_(d1)
-        return grad, None, None, None, None
+        return grad, None, None, None, None, None
