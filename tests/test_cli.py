@@ -137,6 +137,23 @@ def test_help_lists_the_commands(capsys) -> None:
     assert "RealNVP" in capsys.readouterr().out.split()
 
 
+def test_nproc_relaunches_under_torchrun(monkeypatch) -> None:
+    """--nproc N re-runs the same command under torch.distributed.run (the real launch is in the docs)."""
+    calls = []
+
+    def fake_run(command, env, check):
+        calls.append((command, env))
+        return subprocess.CompletedProcess(command, 0)
+
+    monkeypatch.delenv("LOCAL_RANK", raising=False)
+    monkeypatch.setattr(subprocess, "run", fake_run)
+    assert main(["fit", "--data", "iris", "--nproc", "2", "--epochs", "3"]) == 0
+    command, env = calls[0]
+    assert command[1:6] == ["-m", "torch.distributed.run", "--standalone", "--nproc-per-node=2", "-m"]
+    assert command[6:] == ["flows.cli", "fit", "--data", "iris", "--epochs", "3"]
+    assert str(ROOT) in env["PYTHONPATH"].split(os.pathsep)
+
+
 def _fit_command(out: Path, *extra: str) -> list[str]:
     return [
         sys.executable, "-m", "flows.cli", "fit", "--data", "wine", "--epochs", "40", "--batch-size", "16",

@@ -103,7 +103,8 @@ def all_reduce_weighted_mean(values: dict[str, float], weight: float, device: to
     packed = torch.tensor([values[k] * weight for k in keys] + [weight], dtype=torch.float64, device=device)
     dist.all_reduce(packed)
     total = float(packed[-1])
-    return {k: float(packed[i]) / total for i, k in enumerate(keys)}
+    reduced = {k: float(packed[i]) / total for i, k in enumerate(keys)}
+    return {k: reduced[k] for k in values}
 
 
 class ObjectiveModule(nn.Module):

@@ -396,7 +396,10 @@ class Trainer:
                         self.save()
                         last_save = time.perf_counter()
                 if served == 0 and self.epoch_step == 0:
-                    raise ValueError("Trainer.fit: the training data yielded no batch in an epoch")
+                    raise ValueError(
+                        "Trainer.fit: the training data yielded no batch in an epoch (fewer samples than processes, "
+                        "or drop_last with fewer samples than batch_size)"
+                    )
                 if finished_epoch:
                     self.epoch += 1
                     self.epoch_step = 0
