@@ -443,13 +443,19 @@ class Trainer:
         dist.all_reduce(t, op=dist.ReduceOp.MAX)
         return bool(t.item())
 
-    def _grad_norm(self) -> Tensor:
+    def _grad_norm(self) -> float:
+        """Global gradient norm (non-finite if any gradient is), clipping to ``clip_grad_norm`` if set.
+
+        One ``cat`` and one norm: for the many small tensors of a flow this is several times faster
+        than ``torch._foreach_norm`` (which ``clip_grad_norm_`` uses) on CPU.
+        """
         grads = [p.grad for p in self._params if p.grad is not None]
-        if self.clip_grad_norm is not None:
-            return torch.nn.utils.clip_grad_norm_(self._params, self.clip_grad_norm)
         if not grads:
-            return torch.zeros(())
-        return torch.linalg.vector_norm(torch.stack(torch._foreach_norm(grads)))
+            return 0.0
+        norm = float(torch.linalg.vector_norm(torch.cat([g.reshape(-1) for g in grads])))
+        if self.clip_grad_norm is not None and math.isfinite(norm) and norm > self.clip_grad_norm:
+            torch._foreach_mul_(grads, self.clip_grad_norm / (norm + 1e-6))
+        return norm
 
     def _step(self, batch: object) -> dict[str, float]:
         batch = _to_device(batch, self.device)
@@ -460,16 +466,15 @@ class Trainer:
         if len(aux):
             total = loss + aux.total()
             metrics = {**metrics, **{f"aux_{name}": value.detach() for name, value in aux.by_name().items()}}
-        finite = bool(torch.isfinite(total))
+        value = float(total.detach())
+        finite = math.isfinite(value)
         if not finite and self.guard is None:
-            raise FloatingPointError(
-                f"step {self.step}: non-finite loss {float(total.detach())} (the NaN guard is off)"
-            )
+            raise FloatingPointError(f"step {self.step}: non-finite loss {value} (the NaN guard is off)")
         self.optimizer.zero_grad(set_to_none=True)
         grad_norm = math.nan
         if finite or self.world_size > 1:  # in multi-process runs every process joins the gradient all-reduce
             total.backward()
-            grad_norm = float(self._grad_norm())
+            grad_norm = self._grad_norm()
         ok = finite and math.isfinite(grad_norm)
         if self.world_size > 1:
             ok = not self._agree(not ok)

@@ -1,0 +1,96 @@
+"""Per-step overhead of flows.train.Trainer over a bare PyTorch training loop on the same model.
+
+Both train an identical copy of the model on the same data with Adam. Epochs are interleaved:
+a callback at the start of each Trainer epoch runs one epoch of the bare loop, so that machine load
+hits both alike. The Trainer's epoch time is measured between consecutive epoch starts (so its
+end-of-epoch bookkeeping counts) minus the bare epoch run inside the callback. Medians over the
+epochs, one torch thread.
+
+    python benchmarks/trainer_overhead.py                # ~1 minute
+    python benchmarks/trainer_overhead.py --epochs 5     # quick look
+"""
+
+from __future__ import annotations
+
+import argparse
+import copy
+import statistics
+import time
+
+import torch
+
+import flows
+from flows.train import Callback, Trainer
+
+
+def bare_epoch(model: torch.nn.Module, optimizer: torch.optim.Optimizer, data: torch.Tensor, batch: int, epoch: int):
+    order = torch.randperm(len(data), generator=torch.Generator().manual_seed(epoch))
+    for i in range(0, len(data), batch):
+        x = data[order[i : i + batch]]
+        loss = -model.log_prob(x).mean()
+        optimizer.zero_grad(set_to_none=True)
+        loss.backward()
+        optimizer.step()
+
+
+class Interleave(Callback):
+    """Runs one bare epoch at the start of every Trainer epoch and records both epoch times."""
+
+    def __init__(self, bare_model, data, batch) -> None:
+        self.bare_model = bare_model
+        self.optimizer = torch.optim.Adam(bare_model.parameters(), lr=1e-3)
+        self.data, self.batch = data, batch
+        self.bare: list[float] = []
+        self.trainer: list[float] = []
+        self._mark: float | None = None
+        self._inside = 0.0
+
+    def on_epoch_start(self, trainer) -> None:
+        now = time.perf_counter()
+        if self._mark is not None:
+            self.trainer.append(now - self._mark - self._inside)
+        start = time.perf_counter()
+        bare_epoch(self.bare_model, self.optimizer, self.data, self.batch, len(self.bare))
+        self._inside = time.perf_counter() - start
+        self.bare.append(self._inside)
+        self._mark = now
+
+    def on_fit_end(self, trainer) -> None:
+        self.trainer.append(time.perf_counter() - self._mark - self._inside)
+
+
+def run(name: str, features: int, transforms: int, hidden: int, n: int, batch: int, epochs: int) -> float:
+    torch.manual_seed(0)
+    model = flows.RealNVP(features, transforms=transforms, hidden=(hidden, hidden))
+    bare_model = copy.deepcopy(model)
+    data = torch.randn(n, features) * torch.linspace(0.5, 2.0, features)
+    spy = Interleave(bare_model, data, batch)
+    Trainer(model, lr=1e-3, callbacks=[spy], progress=False).fit(data, epochs=epochs + 1, batch_size=batch)
+    bare, ours = spy.bare[1:], spy.trainer[1:]  # the first epoch of each warms up (allocations, lazy imports)
+    steps = -(-n // batch)
+    b, t = statistics.median(bare) / steps * 1e3, statistics.median(ours) / steps * 1e3
+    ratio = statistics.median(o / r for o, r in zip(ours, bare, strict=True))
+    print(f"{name:<34} {steps:>5} {b:>10.3f} {t:>12.3f} {ratio:>8.3f}")
+    return ratio
+
+
+def main(argv: list[str] | None = None) -> dict[str, float]:
+    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser.add_argument("--epochs", type=int, default=15, help="measured epochs per configuration")
+    parser.add_argument("--threads", type=int, default=1)
+    args = parser.parse_args(argv)
+    torch.set_num_threads(args.threads)
+    print(
+        f"torch {torch.__version__}, {torch.get_num_threads()} thread(s), medians over {args.epochs} interleaved epochs"
+    )
+    print(f"{'model (data)':<34} {'steps':>5} {'bare ms/step':>10} {'Trainer ms/step':>12} {'ratio':>8}")
+    results = {
+        "tiny": run("RealNVP 2-D, 4x32 (batch 256)", 2, 4, 32, 8192, 256, args.epochs),
+        "digits": run("RealNVP 64-D, 6x128 (batch 128)", 64, 6, 128, 2560, 128, args.epochs),
+    }
+    print("ratio = Trainer epoch time / bare-loop epoch time (median of per-epoch ratios); target <= 1.05")
+    return results
+
+
+if __name__ == "__main__":
+    main()
