@@ -28,6 +28,7 @@ from flows.bijections import (
     Standardize,
     Transformer,
 )
+from flows.dependent import DependentFlow, MatrixNormal
 from flows.distributions import DiagNormal, Distribution, StandardNormal
 from flows.flow import Flow, evaluating
 from flows.nn import MLP
@@ -50,6 +51,7 @@ __all__ = [
     "BijectionCheckError",
     "Chain",
     "Coupling",
+    "DependentFlow",
     "DiagNormal",
     "Distribution",
     "Elementwise",
@@ -58,6 +60,7 @@ __all__ = [
     "InverseNotAvailable",
     "LULinear",
     "Logit",
+    "MatrixNormal",
     "Permutation",
     "RealNVP",
     "Reverse",

@@ -116,8 +116,8 @@ def test_early_stopping_stops_after_patience_and_restores_the_best_weights() -> 
     for name, value in snapshots.states[3].items():
         assert torch.equal(final[name], value), name
     assert not torch.equal(
-        snapshots.states[5]["transform.transforms.0.conditioner.net.0.weight"],
-        final["transform.transforms.0.conditioner.net.0.weight"],
+        snapshots.states[5]["transform.transforms.1.conditioner.net.0.weight"],
+        final["transform.transforms.1.conditioner.net.0.weight"],
     )
     assert any("early stopping at epoch 5" in e["message"] for e in history.events)
 
