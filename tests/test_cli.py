@@ -32,7 +32,7 @@ def _restore_threads():
 
 def test_fit_eval_sample_check_on_a_2d_toy(tmp_path: Path, capsys) -> None:
     out = tmp_path / "moons"
-    assert main(["fit", "--data", "moons", "--epochs", "2", "--out", str(out), *TINY]) == 0
+    assert main(["fit", "--data", "moons", "--epochs", "2", "--out", str(out), "--no-plots", *TINY]) == 0
     printed = capsys.readouterr().out
     assert "data moons: 2100 train / 300 val / 600 test, 2 dimensions" in printed
     assert "test log-likelihood:" in printed
@@ -42,8 +42,6 @@ def test_fit_eval_sample_check_on_a_2d_toy(tmp_path: Path, capsys) -> None:
         "checkpoint.ckpt",
         "metrics.json",
         "metrics.csv",
-        "curves.png",
-        "density.png",
     ):
         assert (out / name).is_file(), name
     run = json.loads((out / "run.json").read_text())
@@ -99,7 +97,8 @@ def test_digits_bits_per_dim_and_image_pictures(tmp_path: Path, capsys) -> None:
     assert main(["fit", "--epochs", "1", "--out", str(out), *TINY]) == 0
     printed = capsys.readouterr().out
     assert "test bits/dim:" in printed and "17 levels" in printed
-    assert (out / "samples.png").stat().st_size > 1000
+    for picture in ("samples.png", "curves.png"):
+        assert (out / picture).stat().st_size > 1000
     bpd = json.loads((out / "run.json").read_text())["result"]["test"]["bits_per_dim"]
     assert 0.5 < bpd < 5.0  # log2(17) = 4.09 bits is the uniform density; one epoch already beats it
 
@@ -156,7 +155,7 @@ def test_nproc_relaunches_under_torchrun(monkeypatch) -> None:
 
 def _fit_command(out: Path, *extra: str) -> list[str]:
     return [
-        sys.executable, "-m", "flows.cli", "fit", "--data", "wine", "--epochs", "40", "--batch-size", "16",
+        sys.executable, "-m", "flows.cli", "fit", "--data", "wine", "--epochs", "12", "--batch-size", "16",
         "--patience", "0", "--out", str(out), "--quiet", "--no-plots", *TINY, *extra,
     ]  # fmt: skip
 
@@ -177,7 +176,7 @@ def test_sigkill_then_resume_matches_an_uninterrupted_run(tmp_path: Path) -> Non
             step = read_checkpoint_header(killed / "checkpoint.ckpt")["info"]["step"]
         except Exception:  # not written yet, or being replaced right now
             step = 0
-        if step >= 30:
+        if step >= 20:
             break
         time.sleep(0.05)
     assert process.poll() is None, f"the run ended before it could be killed: {process.stderr.read().decode()}"
@@ -186,7 +185,7 @@ def test_sigkill_then_resume_matches_an_uninterrupted_run(tmp_path: Path) -> Non
     process.stderr.close()
     assert process.returncode == -signal.SIGKILL
     interrupted = load_checkpoint(killed / "checkpoint.ckpt")  # the last checkpoint survived the kill intact
-    assert 30 <= interrupted.header["info"]["step"] < 40 * 8
+    assert 20 <= interrupted.header["info"]["step"] < 12 * 8
 
     assert main(_fit_command(killed, "--resume")[3:]) == 0
     final = load_checkpoint(killed / "model.ckpt").state["model"]
