@@ -135,6 +135,8 @@ def fit(args: argparse.Namespace) -> int:
 
         plot_history(trainer.history, out / "curves.png")
         written += [out / "curves.png", *_pictures(model, data, out)]
+    for event in trainer.history.events:
+        say(f"step {event['step']}: {event['message']}")
     if "test" in result:
         test = result["test"]
         line = f"test log-likelihood: {test['log_likelihood']:.4f} ± {test['stderr']:.4f} nats ({test['n']} samples)"
@@ -223,8 +225,11 @@ def check(args: argparse.Namespace) -> int:
         with torch.no_grad():
             x = model.sample((args.num,))
     failures = 0
+    inputs = x
     print(f"{'layer':>8}  {'transform':<22} {'worst error':>12}  result")
     for name, layer in [*_layers(model.transform), ("all", model.transform)]:
+        if name == "all":
+            x = inputs
         try:
             report = check_bijection(layer, x, atol=args.atol, rtol=args.atol)
             worst, status = max(report.values(), default=0.0), "ok"

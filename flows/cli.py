@@ -106,7 +106,9 @@ def _parser() -> argparse.ArgumentParser:
         default="cosine",
         help="learning-rate schedule (default: cosine)",
     )
-    train.add_argument("--clip", type=float, default=10.0, help="gradient norm clipping, 0 for none (default: 10)")
+    train.add_argument(
+        "--clip", type=float, default=0.0, help="clip the global gradient norm to this value, 0 for none (default: 0)"
+    )
     train.add_argument(
         "--patience", type=int, default=10, help="early-stopping patience in epochs, 0 for none (default: 10)"
     )

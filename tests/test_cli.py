@@ -101,6 +101,9 @@ def test_digits_bits_per_dim_and_image_pictures(tmp_path: Path, capsys) -> None:
         assert (out / picture).stat().st_size > 1000
     bpd = json.loads((out / "run.json").read_text())["result"]["test"]["bits_per_dim"]
     assert 0.5 < bpd < 5.0  # log2(17) = 4.09 bits is the uniform density; one epoch already beats it
+    assert main(["check", str(out)]) == 0  # the Logit layer gets dequantized test data, in [0, 1]
+    table = capsys.readouterr().out
+    assert "Logit" in table and "\n     all  Chain" in table and "every layer passed" in table
 
 
 def test_errors_are_clear_and_exit_non_zero(tmp_path: Path, capsys) -> None:
