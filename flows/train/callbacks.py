@@ -1,4 +1,4 @@
-"""Trainer callbacks: hooks into the loop, with state that checkpoints save and restore.
+"""Trainer callbacks (hooks into the loop, with state that checkpoints save and restore) and the progress bar.
 
 A callback overrides any of the hooks below; each receives the :class:`~flows.train.Trainer`,
 whose attributes (``model``, ``optimizer``, ``history``, ``epoch``, ``step``, ``should_stop``)
@@ -18,7 +18,7 @@ from typing import TYPE_CHECKING, Any, TextIO
 if TYPE_CHECKING:  # pragma: no cover
     from flows.train.trainer import Trainer
 
-__all__ = ["Callback", "EarlyStopping", "MetricsLogger", "PrintMetrics"]
+__all__ = ["Callback", "EarlyStopping", "MetricsLogger", "PrintMetrics", "progress_bar"]
 
 
 class Callback:
@@ -181,3 +181,22 @@ class PrintMetrics(Callback):
         keys = self.keys or [k for k in record if k not in ("epoch", "step", "time")]
         parts = [f"{k} {record[k]:.4g}" for k in keys if k in record]
         print(f"epoch {epoch:4d}  " + "  ".join(parts) + f"  ({record['time']:.1f} s)", file=self.stream or sys.stdout)
+
+
+def progress_bar(
+    show: bool | None, main_process: bool, epochs: int | None, per_epoch: int | None, max_steps: int | None, step: int
+) -> Any:
+    """A ``tqdm`` bar over the run's steps, or ``None`` when not shown.
+
+    ``show=None`` shows it only when standard error is a terminal (so logs and CI stay clean);
+    only the main process shows one.
+    """
+    if not (show if show is not None else sys.stderr.isatty()) or not main_process:
+        return None
+    from tqdm.auto import tqdm
+
+    total = max_steps
+    if epochs is not None and per_epoch is not None:
+        total = min(total or math.inf, epochs * per_epoch)
+    total = None if total is None or total == math.inf else int(total)
+    return tqdm(total=total, initial=min(step, total or step), unit="step", dynamic_ncols=True)

@@ -126,3 +126,10 @@ class ObjectiveModule(nn.Module):
 
     def forward(self, batch: object) -> Tensor | tuple[Tensor, dict[str, Tensor]]:
         return self.objective(self.model, batch)
+
+    def parallel(self, device: torch.device, find_unused_parameters: bool = False) -> nn.Module:
+        """This module wrapped in ``DistributedDataParallel`` for ``device`` (needs a process group)."""
+        from torch.nn.parallel import DistributedDataParallel
+
+        device_ids = [device.index] if device.type == "cuda" else None
+        return DistributedDataParallel(self, device_ids=device_ids, find_unused_parameters=find_unused_parameters)
