@@ -78,6 +78,7 @@ def main(argv: list[str] | None = None) -> dict[str, float]:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--epochs", type=int, default=15, help="measured epochs per configuration")
     parser.add_argument("--threads", type=int, default=1)
+    parser.add_argument("--scale", type=float, default=1.0, help="fraction of the default data sizes (smoke tests)")
     args = parser.parse_args(argv)
     torch.set_num_threads(args.threads)
     print(
@@ -85,8 +86,8 @@ def main(argv: list[str] | None = None) -> dict[str, float]:
     )
     print(f"{'model (data)':<34} {'steps':>5} {'bare ms/step':>10} {'Trainer ms/step':>12} {'ratio':>8}")
     results = {
-        "tiny": run("RealNVP 2-D, 4x32 (batch 256)", 2, 4, 32, 8192, 256, args.epochs),
-        "digits": run("RealNVP 64-D, 6x128 (batch 128)", 64, 6, 128, 2560, 128, args.epochs),
+        "tiny": run("RealNVP 2-D, 4x32 (batch 256)", 2, 4, 32, max(2, int(8192 * args.scale)), 256, args.epochs),
+        "digits": run("RealNVP 64-D, 6x128 (batch 128)", 64, 6, 128, max(2, int(2560 * args.scale)), 128, args.epochs),
     }
     print("ratio = Trainer epoch time / bare-loop epoch time (median of per-epoch ratios); target <= 1.05")
     return results
