@@ -53,7 +53,9 @@ def _parser() -> argparse.ArgumentParser:
     from flows.data.dataset import DATASETS
 
     parser = argparse.ArgumentParser(
-        prog="flows", description=__doc__.split("\n\n")[0], formatter_class=argparse.RawDescriptionHelpFormatter
+        prog="flows",
+        description=__doc__.split("\n\n")[0].replace("``", ""),
+        formatter_class=argparse.RawDescriptionHelpFormatter,
     )
     parser.epilog = "Run 'flows COMMAND --help' for the options of a command."
     sub = parser.add_subparsers(dest="command", metavar="COMMAND")

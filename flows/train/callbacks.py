@@ -116,7 +116,9 @@ class EarlyStopping(Callback):
     def on_fit_end(self, trainer: Trainer) -> None:
         if self.restore_best and self.best_state is not None:
             trainer.model.load_state_dict(self.best_state)
-            trainer.history.event(trainer.step, f"restored the best weights (epoch {self.best_epoch})")
+            last = trainer.history.last().get("epoch")
+            if last is not None and self.best_epoch != last:
+                trainer.history.event(trainer.step, f"restored the best weights (epoch {self.best_epoch})")
 
     def state_dict(self) -> dict[str, Any]:
         return {
