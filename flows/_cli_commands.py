@@ -123,7 +123,8 @@ def fit(args: argparse.Namespace) -> int:
         return 0
     model = trainer.model
     model_path = save_model(model, out / "model.ckpt", config, info={"data": spec})
-    result = {"epochs": trainer.epoch, "steps": trainer.step, "train_seconds": round(trainer.elapsed, 2)}
+    epochs = trainer.history.last().get("epoch", trainer.epoch)
+    result = {"epochs": epochs, "steps": trainer.step, "train_seconds": round(trainer.elapsed, 2)}
     if data.test is not None:
         result["test"] = evaluate_log_likelihood(
             model.cpu(), data.test, levels=data.levels, draws=10 if data.levels else 1
@@ -145,7 +146,8 @@ def fit(args: argparse.Namespace) -> int:
                 f"test bits/dim: {test['bits_per_dim']:.3f}  ({data.levels} levels, {test['n']} test samples)\n" + line
             )
         print(line)
-    say(f"trained {trainer.epoch} epochs in {trainer.elapsed:.1f} s; wrote " + ", ".join(str(p) for p in written))
+    files = ", ".join(str(p) for p in written)
+    say(f"trained {epochs:g} epochs ({trainer.step} steps) in {trainer.elapsed:.1f} s; wrote {files}")
     return 0
 
 

@@ -81,10 +81,10 @@ class EarlyStopping(Callback):
         self.monitor, self.patience, self.min_delta, self.mode = monitor, patience, min_delta, mode
         self.restore_best = restore_best
         self.best = math.inf if mode == "min" else -math.inf
-        self.best_epoch: int | None = None
+        self.best_epoch: float | None = None  # fractional for a record of a run stopped mid-epoch
         self.bad_epochs = 0
         self.best_state: dict | None = None
-        self.stopped_epoch: int | None = None
+        self.stopped_epoch: float | None = None
 
     def _value(self, record: dict[str, float]) -> float | None:
         if self.monitor in record:
@@ -99,13 +99,13 @@ class EarlyStopping(Callback):
             raise KeyError(f"EarlyStopping: the epoch record has no metric {self.monitor!r}; it has {sorted(record)}")
         improved = value < self.best - self.min_delta if self.mode == "min" else value > self.best + self.min_delta
         if improved and math.isfinite(value):
-            self.best, self.best_epoch, self.bad_epochs = value, int(record["epoch"]), 0
+            self.best, self.best_epoch, self.bad_epochs = value, record["epoch"], 0
             if self.restore_best:
                 self.best_state = copy.deepcopy(trainer.model.state_dict())
         else:
             self.bad_epochs += 1
             if self.bad_epochs > self.patience:
-                self.stopped_epoch = int(record["epoch"])
+                self.stopped_epoch = record["epoch"]
                 trainer.should_stop = True
                 trainer.history.event(
                     trainer.step,
