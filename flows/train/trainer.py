@@ -303,7 +303,8 @@ class Trainer:
         return bool(t.item())
 
     def _step(self, batch: object) -> dict[str, float]:
-        batch = to_device(batch, self.device)
+        if self.device.type != "cpu":  # CPU batches are where a CPU model needs them
+            batch = to_device(batch, self.device)
         self.step += 1
         with AuxiliaryLosses() as aux:
             loss, metrics = _as_output(self._forward(batch))
