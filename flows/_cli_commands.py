@@ -44,7 +44,15 @@ def _pictures(model: torch.nn.Module, data, directory: Path, name: str = "sample
 
 def fit(args: argparse.Namespace) -> int:
     from flows.data.dataset import load_dataset
-    from flows.train import EarlyStopping, MaximumLikelihood, MetricsLogger, PrintMetrics, Trainer, save_model
+    from flows.train import (
+        EarlyStopping,
+        MaximumLikelihood,
+        MetricsLogger,
+        PrintMetrics,
+        Trainer,
+        read_checkpoint_header,
+        save_model,
+    )
     from flows.train.distributed import cleanup_distributed, init_distributed, is_distributed
     from flows.train.runs import evaluate_log_likelihood, model_for_data, write_run_file
 
@@ -104,6 +112,13 @@ def fit(args: argparse.Namespace) -> int:
         info={"data": spec},
     )
     if args.resume:
+        saved = read_checkpoint_header(checkpoint)
+        for what, now, before in (("model", config, saved.get("config")), ("data", spec, saved["info"].get("data"))):
+            if json.dumps(now, sort_keys=True) != json.dumps(before, sort_keys=True):
+                raise ValueError(
+                    f"--resume: the {what} settings differ from the run in {str(out)!r}: it has {before}, "
+                    f"this command asks for {now}; repeat the original command (see run.json) with --resume"
+                )
         trainer.resume()
         say(f"resumed {str(out)!r} at epoch {trainer.epoch} (step {trainer.step})")
     if main_process:
@@ -119,6 +134,14 @@ def fit(args: argparse.Namespace) -> int:
     )
     if is_distributed():
         cleanup_distributed()
+    if trainer.interrupted is not None:
+        if main_process:
+            print(
+                f"flows fit: stopped by signal {trainer.interrupted}; {str(checkpoint)!r} holds the state at step "
+                f"{trainer.step}: continue with the same command and --resume",
+                file=sys.stderr,
+            )
+        return 130
     if not main_process:
         return 0
     model = trainer.model

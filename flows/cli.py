@@ -13,7 +13,8 @@
     flows models                               # the model builders available
 
 Every command prints ``flows <command>: error: ...`` and exits with a non-zero status on failure
-(2 for bad arguments or inputs, 1 when training diverges).
+(2 for bad arguments or inputs, 1 when training diverges, 130 when ``flows fit`` is stopped by
+Ctrl-C or SIGTERM after writing its checkpoint).
 """
 
 from __future__ import annotations

@@ -7,6 +7,7 @@ import os
 import signal
 import subprocess
 import sys
+import threading
 import time
 from pathlib import Path
 
@@ -154,6 +155,32 @@ def test_nproc_relaunches_under_torchrun(monkeypatch) -> None:
     assert command[1:6] == ["-m", "torch.distributed.run", "--standalone", "--nproc-per-node=2", "-m"]
     assert command[6:] == ["flows.cli", "fit", "--data", "iris", "--epochs", "3"]
     assert str(ROOT) in env["PYTHONPATH"].split(os.pathsep)
+
+
+def test_sigterm_stops_flows_fit_with_status_130_and_resume_finishes(tmp_path: Path, capsys) -> None:
+    out = tmp_path / "wine"
+    argv = ["fit", "--data", "wine", "--epochs", "400", "--patience", "0", "--out", str(out), "--no-plots", *TINY]
+
+    def terminate_once_training() -> None:
+        deadline = time.monotonic() + 120
+        while not (out / "checkpoint.ckpt").exists() and time.monotonic() < deadline:
+            time.sleep(0.02)
+        os.kill(os.getpid(), signal.SIGTERM)
+
+    sender = threading.Thread(target=terminate_once_training)
+    sender.start()
+    status = main([*argv, "--checkpoint-every", "0"])
+    sender.join()
+    assert status == 130
+    assert "stopped by signal 15" in capsys.readouterr().err and not (out / "model.ckpt").exists()
+    info = read_checkpoint_header(out / "checkpoint.ckpt")["info"]
+    assert 1 <= info["step"] < 400 * 8
+    different = [*argv, "--hidden", "8", "--resume"]
+    assert main(different) == 2
+    assert "--resume: the model settings differ" in capsys.readouterr().err
+    finish = [*argv[:4], str(info["epoch"] + 1), *argv[5:], "--resume"]  # a shorter run: ends soon
+    assert main(finish) == 0
+    assert (out / "model.ckpt").is_file() and f"resumed {str(out)!r}" in capsys.readouterr().out
 
 
 def _fit_command(out: Path, *extra: str) -> list[str]:

@@ -2,8 +2,12 @@
 
 from __future__ import annotations
 
+import contextlib
 import math
 import os
+import signal
+import threading
+from collections.abc import Iterator
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
@@ -18,7 +22,7 @@ from flows.train.checkpoint import (
 if TYPE_CHECKING:  # pragma: no cover
     from flows.train.trainer import Trainer
 
-__all__ = ["load_trainer_state", "resume_trainer", "save_trainer", "trainer_state"]
+__all__ = ["load_trainer_state", "resume_trainer", "save_trainer", "stop_on_signals", "trainer_state"]
 
 
 def trainer_state(trainer: Trainer) -> dict[str, Any]:
@@ -99,3 +103,30 @@ def resume_trainer(trainer: Trainer, path: str | os.PathLike | None = None) -> N
     if checkpoint.header.get("kind") != "training":
         raise CheckpointError(f"{str(path)!r} is a {checkpoint.header.get('kind')!r} checkpoint, not a training one")
     load_trainer_state(trainer, checkpoint.state)
+
+
+@contextlib.contextmanager
+def stop_on_signals(trainer: Trainer) -> Iterator[None]:
+    """During ``fit``: Ctrl-C (SIGINT) or SIGTERM stops training at the next step boundary.
+
+    The trainer then writes its checkpoint as at any other stop, so the saved state is a whole
+    number of steps (an interrupt in the middle of an optimizer update would save half-updated
+    weights) and ``trainer.interrupted`` holds the signal number. A second Ctrl-C interrupts at
+    once. Only the main thread can install handlers; elsewhere this does nothing.
+    """
+    if threading.current_thread() is not threading.main_thread():
+        yield
+        return
+
+    def handler(signum: int, frame: object) -> None:
+        if trainer.interrupted is not None and signum == signal.SIGINT:
+            raise KeyboardInterrupt
+        trainer.interrupted = signum
+        trainer.should_stop = True
+
+    previous = {sig: signal.signal(sig, handler) for sig in (signal.SIGINT, signal.SIGTERM)}
+    try:
+        yield
+    finally:
+        for sig, old in previous.items():
+            signal.signal(sig, old)

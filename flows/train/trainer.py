@@ -8,6 +8,7 @@ resume, and multi-process data parallelism (see ``docs/guide/training.md``).
 
 from __future__ import annotations
 
+import contextlib
 import math
 import os
 import time
@@ -29,7 +30,7 @@ from flows.train.distributed import ObjectiveModule, all_reduce_weighted_mean, g
 from flows.train.guard import NonFiniteGuard, global_grad_norm
 from flows.train.history import History
 from flows.train.objectives import MaximumLikelihood, Objective, _as_output, batch_size_of
-from flows.train.resume import load_trainer_state, resume_trainer, save_trainer, trainer_state
+from flows.train.resume import load_trainer_state, resume_trainer, save_trainer, stop_on_signals, trainer_state
 
 __all__ = ["Trainer"]
 
@@ -129,6 +130,7 @@ class Trainer:
         self.step = 0  # steps done in total (skipped ones included)
         self.elapsed = 0.0  # training seconds over all sessions of this run
         self.should_stop = False
+        self.interrupted: int | None = None  # the signal that stopped the last fit (SIGINT, SIGTERM), if any
         self.epochs_target: int | None = None
         self._epoch_sums: dict[str, float] = {}
         self._epoch_count = 0
@@ -221,6 +223,7 @@ class Trainer:
         per_epoch = steps_in_epoch(loader, steps_per_epoch)
         self.epochs_target = epochs
         self.should_stop = False
+        self.interrupted = None
         session_start = time.perf_counter()
         elapsed_before = self.elapsed
         last_save = time.perf_counter()
@@ -232,7 +235,9 @@ class Trainer:
         for cb in self.callbacks:
             cb.on_fit_start(self)
         stop_reason = None
+        stack = contextlib.ExitStack()
         try:
+            stack.enter_context(stop_on_signals(self))
             while stop_reason is None:
                 if epochs is not None and self.epoch >= epochs:
                     stop_reason = "epochs"
@@ -281,17 +286,14 @@ class Trainer:
                 if self.checkpoint is not None and time.perf_counter() - last_save >= self.checkpoint_every:
                     self.save()
                     last_save = time.perf_counter()
-        except KeyboardInterrupt:
-            if self.checkpoint is not None:
-                self.save()
-            raise
         finally:
+            stack.close()
             if bar is not None:
                 bar.close()
+        if self.checkpoint is not None:  # the exact training state, before callbacks restore best weights
+            self.save()
         for cb in self.callbacks:
             cb.on_fit_end(self)
-        if self.checkpoint is not None:
-            self.save()
         return self.history
 
     def _agree(self, flag: bool) -> bool:
@@ -373,8 +375,9 @@ class Trainer:
                 self.scheduler.step(record.get("val_loss", record.get("loss", math.inf)))
             else:
                 self.scheduler.step()
-        for cb in self.callbacks:
-            cb.on_epoch_end(self, record)
+        if fraction is None:  # callbacks (early stopping, ...) judge whole epochs only, as an uninterrupted run would
+            for cb in self.callbacks:
+                cb.on_epoch_end(self, record)
 
     def evaluate(self, data: Data, *, batch_size: int = 1024) -> dict[str, float]:
         """The objective's validation measures on ``data``, in eval mode, without gradients.
