@@ -53,6 +53,7 @@ def fit(args: argparse.Namespace) -> int:
         read_checkpoint_header,
         save_model,
     )
+    from flows.train.config import _architectures
     from flows.train.distributed import cleanup_distributed, init_distributed, is_distributed
     from flows.train.runs import evaluate_log_likelihood, model_for_data, write_run_file
 
@@ -80,6 +81,13 @@ def fit(args: argparse.Namespace) -> int:
         "test_fraction": args.test_fraction,
         "seed": args.seed,
     }
+    builder = _architectures().get(args.model)
+    if builder is not None and not getattr(builder, "likelihood_trainable", True):
+        raise ValueError(
+            f"flows fit trains by maximum likelihood, which is not how {args.model} is trained; "
+            "use its objective from Python (for FreeFormInjectiveFlow: "
+            "flows.train.Trainer(model, flows.train.FreeFormInjectiveObjective()))"
+        )
     data = load_dataset(**spec)
     say(f"data {data.describe()}")
     torch.manual_seed(args.seed)

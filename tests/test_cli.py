@@ -112,6 +112,8 @@ def test_errors_are_clear_and_exit_non_zero(tmp_path: Path, capsys) -> None:
     assert "flows fit: error: unknown data set 'nope'" in capsys.readouterr().err
     assert main(["fit", "--data", "iris", "--model", "Bogus", "--out", str(tmp_path / "x")]) == 2
     assert "unknown builder 'Bogus'" in capsys.readouterr().err
+    assert main(["fit", "--data", "iris", "--model", "FreeFormInjectiveFlow", "--out", str(tmp_path / "x")]) == 2
+    assert "not how FreeFormInjectiveFlow is trained" in capsys.readouterr().err
     assert main(["eval", str(tmp_path / "missing")]) == 2
     assert "no run directory or model file at" in capsys.readouterr().err
     (tmp_path / "empty").mkdir()
