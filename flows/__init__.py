@@ -4,7 +4,7 @@ Direction convention: a transform's forward direction maps data ``x`` to latent 
 ``log p(x) = log p_Z(f(x)) + log|det J_f(x)|``. Sampling runs the inverse.
 """
 
-from flows.architectures import IAF, MAF, NICE, NSF, RealNVP
+from flows.architectures import IAF, MAF, NICE, NSF, FreeFormInjectiveFlow, RealNVP
 from flows.auxiliary import AuxiliaryLosses, add_auxiliary_loss
 from flows.bijections import (
     ActNorm,
@@ -19,6 +19,8 @@ from flows.bijections import (
     Chain,
     Coupling,
     Elementwise,
+    FreeFormInjective,
+    InjectiveLinear,
     Inverse,
     InverseNotAvailable,
     Logit,
@@ -28,8 +30,10 @@ from flows.bijections import (
     RationalQuadraticSpline,
     Reverse,
     Sigmoid,
+    Standardize,
     Transformer,
 )
+from flows.dependent import DependentFlow, MatrixNormal
 from flows.distributions import DiagNormal, Distribution, StandardNormal
 from flows.flow import Flow, evaluating
 from flows.nn import MADE, MLP
@@ -57,21 +61,27 @@ __all__ = [
     "BijectionCheckError",
     "Chain",
     "Coupling",
+    "DependentFlow",
     "DiagNormal",
     "Distribution",
     "Elementwise",
     "Flow",
+    "FreeFormInjective",
+    "FreeFormInjectiveFlow",
+    "InjectiveLinear",
     "Inverse",
     "InverseNotAvailable",
     "LULinear",
     "Logit",
     "MaskedAutoregressive",
+    "MatrixNormal",
     "Permutation",
     "RationalQuadraticSpline",
     "RealNVP",
     "Reverse",
     "Sigmoid",
     "StandardNormal",
+    "Standardize",
     "Transformer",
     "__version__",
     "add_auxiliary_loss",

@@ -4,10 +4,12 @@ from flows.bijections.autoregressive import MaskedAutoregressive
 from flows.bijections.base import Bijection, Chain, Inverse, InverseNotAvailable
 from flows.bijections.coupling import AdditiveCoupling, AffineCoupling, Coupling, alternating_mask, half_mask
 from flows.bijections.elementwise import Affine, Elementwise, Logit, Sigmoid
+from flows.bijections.injective import FreeFormInjective, InjectiveLinear, half_log_det_gram, orthogonal_probes
 from flows.bijections.linear import LULinear
 from flows.bijections.normalization import ActNorm, ActNorm2d, BatchNorm
 from flows.bijections.permutation import Permutation, Reverse
 from flows.bijections.splines import RationalQuadraticSpline
+from flows.bijections.standardize import Standardize
 from flows.bijections.transformers import AdditiveTransformer, AffineTransformer, Transformer
 
 __all__ = [
@@ -23,6 +25,8 @@ __all__ = [
     "Chain",
     "Coupling",
     "Elementwise",
+    "FreeFormInjective",
+    "InjectiveLinear",
     "Inverse",
     "InverseNotAvailable",
     "LULinear",
@@ -32,7 +36,10 @@ __all__ = [
     "RationalQuadraticSpline",
     "Reverse",
     "Sigmoid",
+    "Standardize",
     "Transformer",
     "alternating_mask",
+    "half_log_det_gram",
     "half_mask",
+    "orthogonal_probes",
 ]
