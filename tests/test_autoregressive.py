@@ -220,8 +220,10 @@ def test_dropout_acts_in_train_mode_only() -> None:
         check_bijection(flow.transform, x)  # in eval mode: deterministic and exactly invertible
     with pytest.raises(ValueError, match=r"MADE: expected 0 <= dropout < 1, got 1\.0"):
         MADE(3, 6, dropout=1.0)
-    with pytest.raises(ValueError, match="NSF: dropout is only available for the autoregressive variant"):
+    with pytest.raises(ValueError, match="NSF: dropout, residual and randperm are options of the autoregressive"):
         NSF(4, coupling=True, dropout=0.1)
+    with pytest.raises(ValueError, match=r"coupling=True with dropout=0\.0, residual=False, randperm=True"):
+        NSF(4, coupling=True, randperm=True)
 
 
 def test_bad_arguments() -> None:

@@ -264,8 +264,11 @@ class NSF(Flow):
         generator: torch.Generator | None = None,
     ) -> None:
         _check("NSF", features, transforms, minimum=2 if coupling else 1)
-        if coupling and dropout:
-            raise ValueError(f"NSF: dropout is only available for the autoregressive variant, got dropout={dropout}")
+        if coupling and (dropout or residual or randperm):
+            raise ValueError(
+                "NSF: dropout, residual and randperm are options of the autoregressive variant, got "
+                f"coupling=True with dropout={dropout}, residual={residual}, randperm={randperm}"
+            )
         RationalQuadraticSpline(bins, bound=bound)  # validates bins and bound with a clear message
 
         def spline() -> RationalQuadraticSpline:
