@@ -1,6 +1,7 @@
 """Bijections: the transform contract and every invertible layer of the library."""
 
 from flows.bijections.base import Bijection, Chain, Inverse, InverseNotAvailable
+from flows.bijections.circulant import CirculantDiagonal, CirculantDiagonal2d
 from flows.bijections.coupling import AdditiveCoupling, AffineCoupling, Coupling, alternating_mask, half_mask
 from flows.bijections.elementwise import Affine, Elementwise, Logit, Sigmoid
 from flows.bijections.linear import LULinear
@@ -18,6 +19,8 @@ __all__ = [
     "AffineTransformer",
     "Bijection",
     "Chain",
+    "CirculantDiagonal",
+    "CirculantDiagonal2d",
     "Coupling",
     "Elementwise",
     "Inverse",
