@@ -49,10 +49,19 @@ def oracle_weight(t: CirculantDiagonal) -> torch.Tensor:
     return w
 
 
-def perturbed(n: int, m: int, parameterization: str, *, init: str = "identity", seed: int = 0, cls=CirculantDiagonal):
+def perturbed(
+    n: int,
+    m: int,
+    parameterization: str,
+    *,
+    init: str = "identity",
+    seed: int = 0,
+    cls=CirculantDiagonal,
+    method: str = "fft",
+):
     """A float64 layer well away from its initialisation, with spectra of modulus O(1) for any ``n``."""
     torch.manual_seed(seed)
-    t = cls(n, factors=m, parameterization=parameterization, init=init).double()
+    t = cls(n, factors=m, parameterization=parameterization, init=init, method=method).double()
     gen = torch.Generator().manual_seed(seed + 1)
     with torch.no_grad():
         for name, p in t.named_parameters():
@@ -61,15 +70,16 @@ def perturbed(n: int, m: int, parameterization: str, *, init: str = "identity", 
     return t
 
 
-SIZES = [1, 2, 3, 4, 5, 8, 15, 16, 63, 64, 127, 256]
+SIZES = [1, 2, 3, 4, 5, 8, 15, 16, 64, 127, 256]
 
 
+@pytest.mark.parametrize("method", ["fft", "dense"])
 @pytest.mark.parametrize("parameterization", ["kernel", "spectrum"])
 @pytest.mark.parametrize("n", SIZES)
-def test_matches_dense_oracle(n: int, parameterization: str) -> None:
+def test_matches_dense_oracle(n: int, parameterization: str, method: str) -> None:
     """Outputs, log-det and inverse agree with W x + b, slogdet(W) and solve(W, z - b) to 1e-10."""
     for m in (2, 3, 4):
-        t = perturbed(n, m, parameterization, seed=n + m)
+        t = perturbed(n, m, parameterization, seed=n + m, method=method)
         w = oracle_weight(t)
         x = torch.randn(7, n, dtype=F64, generator=torch.Generator().manual_seed(m))
         z, ladj = t.forward_and_log_det(x)
@@ -84,6 +94,7 @@ def test_matches_dense_oracle(n: int, parameterization: str) -> None:
         torch.testing.assert_close(x_back, x, atol=1e-10, rtol=1e-10)
         torch.testing.assert_close(ladj_inv, -ladj, atol=1e-12, rtol=0)
         torch.testing.assert_close(t.weight(), w, atol=1e-12, rtol=1e-10)
+        torch.testing.assert_close(t.inverse_weight() @ w, torch.eye(n, dtype=F64), atol=1e-10, rtol=0)
 
 
 def test_identity_initialisation() -> None:
@@ -180,9 +191,9 @@ def test_orthogonal_initialisation_mixes_and_preserves_volume() -> None:
         assert int((w.abs() > 1e-6).sum()) > 3 * 9  # not a permutation: it mixes features
 
 
-def test_channel_form_is_a_1x1_convolution_with_hw_log_det() -> None:
-    torch.manual_seed(0)
-    t = perturbed(6, 3, "kernel", seed=7, cls=CirculantDiagonal2d)
+@pytest.mark.parametrize("method", ["fft", "dense"])
+def test_channel_form_is_a_1x1_convolution_with_hw_log_det(method: str) -> None:
+    t = perturbed(6, 3, "kernel", seed=7, cls=CirculantDiagonal2d, method=method)
     w = oracle_weight(t)
     x = torch.randn(2, 6, 3, 5, dtype=F64)
     z, ladj = t.forward_and_log_det(x)
@@ -195,6 +206,31 @@ def test_channel_form_is_a_1x1_convolution_with_hw_log_det() -> None:
     x1 = torch.randn(6, 2, 2, dtype=F64)
     jac = torch.autograd.functional.jacobian(t, x1).reshape(24, 24)
     torch.testing.assert_close(t.forward_and_log_det(x1)[1], torch.linalg.slogdet(jac).logabsdet, atol=1e-11, rtol=0)
+
+
+def test_auto_method_materialises_w_for_many_rows(monkeypatch) -> None:
+    """ "auto" uses the dense path when n <= 512 and there are >= 8 n rows, and agrees with the FFT path."""
+    t = perturbed(6, 3, "spectrum", seed=2, cls=CirculantDiagonal2d, method="auto")
+    fft = copy.deepcopy(t)
+    fft.method = "fft"
+    used = []
+    original = CirculantDiagonal._apply_dense
+    monkeypatch.setattr(
+        CirculantDiagonal, "_apply_dense", lambda self, x, **kw: used.append(1) or original(self, x, **kw)
+    )
+    small, large = torch.randn(1, 6, 2, 2, dtype=F64), torch.randn(3, 6, 4, 4, dtype=F64)  # 4 and 48 pixels
+    for x, dense in ((small, False), (large, True)):
+        used.clear()
+        z, ladj = t.forward_and_log_det(x)
+        assert bool(used) == dense
+        z_fft, ladj_fft = fft.forward_and_log_det(x)
+        torch.testing.assert_close(z, z_fft, atol=1e-12, rtol=0)
+        torch.testing.assert_close(ladj, ladj_fft, atol=0, rtol=0)
+        torch.testing.assert_close(t.inverse(z), x, atol=1e-12, rtol=0)
+    big = CirculantDiagonal(513, method="auto")
+    used.clear()
+    big(torch.randn(8 * 513, 513))  # n > 512: the FFT path even with 8 n rows
+    assert not used
 
 
 def test_float32_round_trip_at_large_n() -> None:
@@ -306,6 +342,8 @@ def test_bad_arguments_raise_clear_errors() -> None:
         CirculantDiagonal(4, parameterization="fft")
     with pytest.raises(ValueError, match=r"expected init 'identity' or 'orthogonal', got 'random'"):
         CirculantDiagonal(4, init="random")
+    with pytest.raises(ValueError, match=r"expected method 'auto', 'fft' or 'dense', got 'matmul'"):
+        CirculantDiagonal2d(4, method="matmul")
 
 
 def test_wrong_input_shape_is_rejected() -> None:

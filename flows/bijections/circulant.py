@@ -46,6 +46,9 @@ __all__ = ["CirculantDiagonal", "CirculantDiagonal2d"]
 
 _PARAMETERIZATIONS = ("kernel", "spectrum")
 _INITS = ("identity", "orthogonal")
+_METHODS = ("auto", "fft", "dense")
+_AUTO_DENSE_MAX = 512  # "auto" materialises W for n up to this ...
+_AUTO_DENSE_ROWS = 8  # ... when there are at least this many rows (vectors or pixels) per feature
 
 
 def _pair_weights(n: int) -> Tensor:
@@ -92,6 +95,17 @@ class CirculantDiagonal(Bijection):
     Costs per vector: :math:`O(m\, n \log n)` both ways, :math:`O(m n)` for the log-determinant
     given the spectra; :math:`(2m - 1) n` parameters (plus ``n`` for the bias).
 
+    ``method`` chooses how the map is applied (the log-determinant is always the :math:`O(mn)` sum):
+
+    * ``"fft"``: the steps above, :math:`O(m\, n \log n)` per row;
+    * ``"dense"``: materialise :math:`W` (or :math:`W^{-1}`) by running those steps on the identity
+      (:math:`O(m\, n^2 \log n)` once per call, never an :math:`O(n^3)` inversion or determinant),
+      then one matrix product (a :math:`1\times 1` convolution for images) per call. With many rows
+      per feature and moderate ``n`` this is faster on CPU, where FFTs of short rows (and along the
+      strided channel axis of images) are slow;
+    * ``"auto"`` (default): ``"dense"`` when ``n <= 512`` and there are at least ``8 n`` rows
+      (batch × pixels), else ``"fft"``.
+
     ``init="identity"`` starts at :math:`W = I` (:math:`c_j = e_0`, :math:`d_j = 1`);
     ``init="orthogonal"`` starts at a random orthogonal :math:`W` that mixes all features
     (random signs on the diagonals, unit-modulus spectra with random phases).
@@ -110,6 +124,7 @@ class CirculantDiagonal(Bijection):
         parameterization: ``"kernel"`` or ``"spectrum"`` (see above).
         init: ``"identity"`` or ``"orthogonal"``.
         bias: learn a bias ``b``.
+        method: ``"auto"``, ``"fft"`` or ``"dense"`` (see above).
         cache: reuse derived quantities in eval mode (see above).
         generator: random generator for ``init="orthogonal"``.
 
@@ -142,6 +157,7 @@ class CirculantDiagonal(Bijection):
         parameterization: str = "kernel",
         init: str = "identity",
         bias: bool = True,
+        method: str = "auto",
         cache: bool = False,
         generator: torch.Generator | None = None,
     ) -> None:
@@ -162,11 +178,13 @@ class CirculantDiagonal(Bijection):
             raise ValueError(f"{name}: expected parameterization 'kernel' or 'spectrum', got {parameterization!r}")
         if init not in _INITS:
             raise ValueError(f"{name}: expected init 'identity' or 'orthogonal', got {init!r}")
+        if method not in _METHODS:
+            raise ValueError(f"{name}: expected method 'auto', 'fft' or 'dense', got {method!r}")
         super().__init__((features,) + (None,) * self._spatial)
         n, m = features, factors
         bins = n // 2 + 1
         self.features, self.factors, self.parameterization = n, m, parameterization
-        self.cache = cache
+        self.method, self.cache = method, cache
         self._cache: dict[str, Tensor] = {}
         self._cache_key: tuple | None = None
 
@@ -213,9 +231,16 @@ class CirculantDiagonal(Bijection):
         return self._cached("log_abs_det", self._compute_log_abs_det)
 
     def weight(self) -> Tensor:
-        """The dense matrix ``W`` (``(n, n)``), rebuilt from the factors in ``O(m n² log n)`` (tests, inspection)."""
+        """The dense matrix ``W`` (``(n, n)``), built from the factors in ``O(m n² log n)``."""
+        return self._cached("weight", lambda: self._materialise(inverse=False))
+
+    def inverse_weight(self) -> Tensor:
+        """The dense matrix ``W⁻¹`` (``(n, n)``), built from the factors in ``O(m n² log n)`` (no inversion)."""
+        return self._cached("inverse_weight", lambda: self._materialise(inverse=True))
+
+    def _materialise(self, inverse: bool) -> Tensor:
         eye = torch.eye(self.features, dtype=self.log_diag.dtype, device=self.log_diag.device)
-        return self._mix(eye, spatial=0, inverse=False).T  # row i of the result is W e_i
+        return self._mix(eye, spatial=0, inverse=inverse).T  # row i of the product is W e_i (or W⁻¹ e_i)
 
     def _compute_spectra(self) -> Tensor:
         if self.parameterization == "kernel":
@@ -261,13 +286,35 @@ class CirculantDiagonal(Bijection):
     def _multiplicity(self, x: Tensor) -> int:
         return math.prod(x.shape[x.dim() - self._spatial :]) if self._spatial else 1
 
+    def _use_dense(self, x: Tensor) -> bool:
+        if self.method != "auto":
+            return self.method == "dense"
+        n = self.features
+        return n <= _AUTO_DENSE_MAX and x.numel() >= _AUTO_DENSE_ROWS * n * n
+
+    def _apply_dense(self, x: Tensor, *, inverse: bool) -> Tensor:
+        """``W x + b`` or ``W⁻¹ (x - b)`` with the materialised matrix: one matmul, or a 1x1 convolution for images."""
+        w, bias = (self.inverse_weight(), None) if inverse else (self.weight(), self.bias)
+        n = self.features
+        if inverse and self.bias is not None:
+            x = x - self.bias.view(n, *(1,) * self._spatial)
+        if not self._spatial:
+            return F.linear(x, w, bias)
+        flat = x.reshape(-1, *x.shape[x.dim() - 3 :])  # the channel form has (C, H, W) events
+        return F.conv2d(flat, w[:, :, None, None], bias).reshape(x.shape)
+
+    def _apply_map(self, x: Tensor, *, inverse: bool) -> Tensor:
+        if self._use_dense(x):
+            return self._apply_dense(x, inverse=inverse)
+        return self._mix(x, spatial=self._spatial, inverse=inverse, bias=self.bias)
+
     def forward_and_log_det(self, x: Tensor, context: Tensor | None = None) -> tuple[Tensor, Tensor]:
-        z = self._mix(x, spatial=self._spatial, inverse=False, bias=self.bias)
+        z = self._apply_map(x, inverse=False)
         ladj = self.log_abs_det() * self._multiplicity(x)
         return z, ladj.expand(self.batch_shape(x))
 
     def inverse_and_log_det(self, z: Tensor, context: Tensor | None = None) -> tuple[Tensor, Tensor]:
-        x = self._mix(z, spatial=self._spatial, inverse=True, bias=self.bias)
+        x = self._apply_map(z, inverse=True)
         ladj = -self.log_abs_det() * self._multiplicity(z)
         return x, ladj.expand(self.batch_shape(z))
 
@@ -307,7 +354,7 @@ class CirculantDiagonal(Bijection):
     def extra_repr(self) -> str:
         return (
             f"{super().extra_repr()}, factors={self.factors}, parameterization={self.parameterization!r}, "
-            f"bias={self.bias is not None}, cache={self.cache}"
+            f"bias={self.bias is not None}, method={self.method!r}, cache={self.cache}"
         )
 
 
@@ -325,6 +372,9 @@ class CirculantDiagonal2d(CirculantDiagonal):
         parameterization: ``"kernel"`` or ``"spectrum"`` (see :class:`CirculantDiagonal`).
         init: ``"identity"`` or ``"orthogonal"``.
         bias: learn a per-channel bias.
+        method: ``"auto"``, ``"fft"`` or ``"dense"`` (see :class:`CirculantDiagonal`; ``"auto"``
+            applies the materialised :math:`W` as a :math:`1\times 1` convolution when
+            ``C <= 512`` and the input holds at least ``8 C`` pixels in all).
         cache: reuse derived quantities in eval mode (see :class:`CirculantDiagonal`).
         generator: random generator for ``init="orthogonal"``.
 
@@ -353,6 +403,7 @@ class CirculantDiagonal2d(CirculantDiagonal):
         parameterization: str = "kernel",
         init: str = "identity",
         bias: bool = True,
+        method: str = "auto",
         cache: bool = False,
         generator: torch.Generator | None = None,
     ) -> None:
@@ -362,6 +413,7 @@ class CirculantDiagonal2d(CirculantDiagonal):
             parameterization=parameterization,
             init=init,
             bias=bias,
+            method=method,
             cache=cache,
             generator=generator,
         )

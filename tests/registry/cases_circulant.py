@@ -33,11 +33,23 @@ CASES = [
         (8,),
     ),
     Case("circulant-diagonal-cached", lambda: flows.CirculantDiagonal(6, factors=3, cache=True), (6,)),
+    Case("circulant-diagonal-dense", lambda: flows.CirculantDiagonal(5, factors=3, method="dense"), (5,)),
+    Case(
+        "circulant-diagonal-dense-spectrum-cached",
+        lambda: flows.CirculantDiagonal(6, parameterization="spectrum", method="dense", cache=True),
+        (6,),
+    ),
     Case("circulant-diagonal2d", lambda: flows.CirculantDiagonal2d(5), (5, 2, 3), tags=("image",)),
     Case(
         "circulant-diagonal2d-even-m3-orthogonal",
         _seeded(lambda: flows.CirculantDiagonal2d(4, factors=3, init="orthogonal", cache=True)),
         (4, 3, 2),
+        tags=("image",),
+    ),
+    Case(
+        "circulant-diagonal2d-dense",
+        _seeded(lambda: flows.CirculantDiagonal2d(3, factors=3, init="orthogonal", method="dense")),
+        (3, 2, 3),
         tags=("image",),
     ),
     Case(
