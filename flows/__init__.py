@@ -27,8 +27,10 @@ from flows.bijections import (
     Permutation,
     Reverse,
     Sigmoid,
+    Standardize,
     Transformer,
 )
+from flows.dependent import DependentFlow, MatrixNormal
 from flows.distributions import DiagNormal, Distribution, StandardNormal
 from flows.flow import Flow, evaluating
 from flows.nn import MLP
@@ -53,6 +55,7 @@ __all__ = [
     "CirculantDiagonal",
     "CirculantDiagonal2d",
     "Coupling",
+    "DependentFlow",
     "DiagNormal",
     "Distribution",
     "Elementwise",
@@ -61,11 +64,13 @@ __all__ = [
     "InverseNotAvailable",
     "LULinear",
     "Logit",
+    "MatrixNormal",
     "Permutation",
     "RealNVP",
     "Reverse",
     "Sigmoid",
     "StandardNormal",
+    "Standardize",
     "Transformer",
     "__version__",
     "add_auxiliary_loss",

@@ -7,6 +7,7 @@ from flows.bijections.elementwise import Affine, Elementwise, Logit, Sigmoid
 from flows.bijections.linear import LULinear
 from flows.bijections.normalization import ActNorm, ActNorm2d
 from flows.bijections.permutation import Permutation, Reverse
+from flows.bijections.standardize import Standardize
 from flows.bijections.transformers import AdditiveTransformer, AffineTransformer, Transformer
 
 __all__ = [
@@ -30,6 +31,7 @@ __all__ = [
     "Permutation",
     "Reverse",
     "Sigmoid",
+    "Standardize",
     "Transformer",
     "alternating_mask",
     "half_mask",
