@@ -15,8 +15,9 @@ and applies one matmul or 1x1 convolution), ``LULinear``, a dense matrix (``x @ 
 with ``inv(W)``).
 ``--images`` adds the channel form on ``(B, C, H, W)`` images against the 1x1 convolution.
 
-    python benchmarks/linear_layers.py                          # n = 16 ... 4096, ~3 minutes
+    python benchmarks/linear_layers.py                          # n = 16 ... 4096, ~6 minutes
     python benchmarks/linear_layers.py --sizes 64 1024 --budget 5
+    python benchmarks/linear_layers.py --sizes --images             # the channel form only, ~2 minutes
 """
 
 from __future__ import annotations
@@ -188,7 +189,8 @@ def targets(r: dict) -> None:
 
 def main(argv: list[str] | None = None) -> dict[int, dict]:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    parser.add_argument("--sizes", type=int, nargs="+", default=[16, 64, 256, 1024, 4096])
+    sizes = [16, 64, 256, 1024, 4096]
+    parser.add_argument("--sizes", type=int, nargs="*", default=sizes, help="vector sizes (none: skip them)")
     parser.add_argument("--batch", type=int, default=256)
     parser.add_argument("--threads", type=int, default=1)
     parser.add_argument("--budget", type=float, default=10.0, help="seconds of measurement per size (>= 3 rounds)")
