@@ -7,11 +7,8 @@ The weight is an alternating product of :math:`m` diagonal and :math:`m - 1` cir
 
 with real :math:`d_j, c_j \in \mathbb R^n` and :math:`\operatorname{circ}(c)_{ik} = c_{(i-k) \bmod n}`.
 A circulant is diagonalised by the DFT, :math:`C = F^{-1} \operatorname{diag}(\hat c) F` with
-:math:`\hat c = F c`, so products, solves and determinants cost :math:`O(n \log n)` or less:
-
-* forward :math:`z = W x + b` and inverse :math:`x = W^{-1}(z - b)` in :math:`O(m\, n \log n)`;
-* :math:`\log|\det W| = \sum_{j,i} \log|d_{j,i}| + \sum_j \sum_{k=0}^{n-1} \log|\hat c_{j,k}|`
-  in :math:`O(m n)` from the spectra.
+:math:`\hat c = F c`: forward and inverse cost :math:`O(m\, n \log n)`, and
+:math:`\log|\det W| = \sum_{j,i} \log|d_{j,i}| + \sum_j \sum_{k} \log|\hat c_{j,k}|` costs :math:`O(m n)`.
 
 Real parameters and the real FFT. A real :math:`c` has a Hermitian spectrum
 (:math:`\hat c_{n-k} = \overline{\hat c_k}`, :math:`\hat c_0` and, for even :math:`n`,
@@ -28,7 +25,7 @@ A free complex spectrum followed by ``.real`` is **not** a circulant with that s
 References:
     Feng, Liao (2025), "CDFlow: Building Invertible Layers with Circulant and Diagonal Matrices",
     NeurIPS, arXiv:2510.25323. Huhtanen, Perämäki (2015), "Factoring matrices into the product of
-    circulant and diagonal matrices", J. Fourier Anal. Appl. 21 (every matrix is such a product).
+    circulant and diagonal matrices", J. Fourier Anal. Appl. 21 (generic matrices are such products).
 """
 
 from __future__ import annotations
@@ -58,15 +55,6 @@ def _pair_weights(n: int) -> Tensor:
     if n % 2 == 0:
         weights[-1] = 1.0
     return weights
-
-
-def _real_bins(n: int) -> Tensor:
-    """Mask of the half-spectrum bins that are real for a real signal (DC and, for even ``n``, Nyquist)."""
-    real = torch.zeros(n // 2 + 1, dtype=torch.bool)
-    real[0] = True
-    if n % 2 == 0:
-        real[-1] = True
-    return real
 
 
 class CirculantDiagonal(Bijection):
@@ -188,7 +176,7 @@ class CirculantDiagonal(Bijection):
         self._cache: dict[str, Tensor] = {}
         self._cache_key: tuple | None = None
 
-        real = _real_bins(n)
+        real = _pair_weights(n) == 1  # the real bins of a real signal: DC and, for even n, Nyquist
         if init == "identity":
             diag_sign = torch.ones(m, n)
             phases = torch.zeros(m - 1, bins, dtype=torch.float64)
@@ -201,9 +189,10 @@ class CirculantDiagonal(Bijection):
             spectrum_sign[:, ~real] = 1.0
         self.register_buffer("diag_sign", diag_sign)
         self.log_diag = nn.Parameter(torch.zeros(m, n))
-        if parameterization == "kernel":
+        if parameterization == "kernel":  # c = irfft of the unit-modulus spectrum (exactly e_0 for the identity)
             spectrum = torch.polar(torch.ones_like(phases), phases) * spectrum_sign.double()
-            self.kernel = nn.Parameter(torch.fft.irfft(spectrum, n=n).float())
+            kernel = torch.fft.irfft(spectrum, n=n) if init == "orthogonal" else torch.eye(1, n).expand(m - 1, n)
+            self.kernel = nn.Parameter(kernel.float().clone())
         else:
             self.register_buffer("spectrum_sign", spectrum_sign)
             self.log_modulus = nn.Parameter(torch.zeros(m - 1, bins))
