@@ -4,7 +4,7 @@ Direction convention: a transform's forward direction maps data ``x`` to latent 
 ``log p(x) = log p_Z(f(x)) + log|det J_f(x)|``. Sampling runs the inverse.
 """
 
-from flows.architectures import NICE, RealNVP
+from flows.architectures import NICE, FreeFormInjectiveFlow, RealNVP
 from flows.auxiliary import AuxiliaryLosses, add_auxiliary_loss
 from flows.bijections import (
     ActNorm,
@@ -20,6 +20,8 @@ from flows.bijections import (
     CirculantDiagonal2d,
     Coupling,
     Elementwise,
+    FreeFormInjective,
+    InjectiveLinear,
     Inverse,
     InverseNotAvailable,
     Logit,
@@ -60,6 +62,9 @@ __all__ = [
     "Distribution",
     "Elementwise",
     "Flow",
+    "FreeFormInjective",
+    "FreeFormInjectiveFlow",
+    "InjectiveLinear",
     "Inverse",
     "InverseNotAvailable",
     "LULinear",
