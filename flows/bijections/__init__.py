@@ -2,6 +2,7 @@
 
 from flows.bijections.autoregressive import MaskedAutoregressive
 from flows.bijections.base import Bijection, Chain, Inverse, InverseNotAvailable
+from flows.bijections.circulant import CirculantDiagonal, CirculantDiagonal2d
 from flows.bijections.coupling import AdditiveCoupling, AffineCoupling, Coupling, alternating_mask, half_mask
 from flows.bijections.elementwise import Affine, Elementwise, Logit, Sigmoid
 from flows.bijections.injective import FreeFormInjective, InjectiveLinear, half_log_det_gram, orthogonal_probes
@@ -23,6 +24,8 @@ __all__ = [
     "BatchNorm",
     "Bijection",
     "Chain",
+    "CirculantDiagonal",
+    "CirculantDiagonal2d",
     "Coupling",
     "Elementwise",
     "FreeFormInjective",
