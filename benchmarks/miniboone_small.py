@@ -10,7 +10,8 @@ Protocol: Adam (lr 1e-3), batch 128, a fixed number of epochs, one thread, the c
 interleaved (one epoch each in turn) so that wall times are comparable; test log-likelihood in nats
 (mean ± 2 standard errors), evaluated in eval mode.
 
-    FLOWS_DATA_DIR=../shared/data python benchmarks/miniboone_small.py           # ~5 minutes
+    FLOWS_DATA_DIR=../shared/data python benchmarks/miniboone_small.py           # 20 epochs, ~4-8 minutes
+    FLOWS_DATA_DIR=../shared/data python benchmarks/miniboone_small.py --epochs 50 --models flows-nsf zuko-nsf
     python benchmarks/miniboone_small.py --epochs 5 --models flows-maf --data-dir ../shared/data
 """
 
@@ -70,7 +71,7 @@ def evaluate(model: nn.Module, data: Tensor) -> tuple[float, float]:
 def main(argv: list[str] | None = None) -> dict[str, tuple[float, float, float]]:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--models", nargs="+", default=ALL, choices=ALL)
-    parser.add_argument("--epochs", type=int, default=50)
+    parser.add_argument("--epochs", type=int, default=20)
     parser.add_argument("--batch-size", type=int, default=128)
     parser.add_argument("--lr", type=float, default=1e-3)
     parser.add_argument("--transforms", type=int, default=5)
