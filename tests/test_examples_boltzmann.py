@@ -6,19 +6,6 @@ import math
 import runpy
 from pathlib import Path
 
-import pytest
-import torch
-
-
-@pytest.fixture(autouse=True, scope="module")
-def _one_thread():
-    """One intra-op thread: these tests are small, and on a shared 2-core machine threads oversubscribe."""
-    threads = torch.get_num_threads()
-    torch.set_num_threads(1)
-    yield
-    torch.set_num_threads(threads)
-
-
 ROOT = Path(__file__).resolve().parents[1]
 
 

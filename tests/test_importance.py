@@ -16,15 +16,6 @@ from flows.metrics import (
 )
 
 
-@pytest.fixture(autouse=True, scope="module")
-def _one_thread():
-    """One intra-op thread: these tests are small, and on a shared 2-core machine threads oversubscribe."""
-    threads = torch.get_num_threads()
-    torch.set_num_threads(1)
-    yield
-    torch.set_num_threads(threads)
-
-
 def _proposal_and_weights(n: int, generator: torch.Generator) -> tuple[torch.Tensor, torch.Tensor]:
     """q = N(0, 1.5²), target u(x) = ½((x − 0.5)/1.2)² + 3, so Z = 1.2·√(2π)·e^{−3}."""
     x = 1.5 * torch.randn(n, generator=generator, dtype=torch.float64)

@@ -13,16 +13,6 @@ from flows.bijections.coupling import alternating_mask
 from flows.metrics import kish_ess, log_z_estimate, reweighted_mean, sample_log_weights
 from flows.targets import DoubleWell, Gaussian, InterpolatedEnergy
 
-
-@pytest.fixture(autouse=True, scope="module")
-def _one_thread():
-    """One intra-op thread: these tests are small, and on a shared 2-core machine threads oversubscribe."""
-    threads = torch.get_num_threads()
-    torch.set_num_threads(1)
-    yield
-    torch.set_num_threads(threads)
-
-
 MU = torch.tensor([1.0, -0.5, 2.0], dtype=torch.float64)
 SIGMA = torch.tensor([0.5, 2.0, 1.5], dtype=torch.float64)
 

@@ -26,16 +26,6 @@ from flows.targets import (
 )
 from flows.targets._quadrature import log_trapezoid_2d
 
-
-@pytest.fixture(autouse=True, scope="module")
-def _one_thread():
-    """One intra-op thread: these tests are small, and on a shared 2-core machine threads oversubscribe."""
-    threads = torch.get_num_threads()
-    torch.set_num_threads(1)
-    yield
-    torch.set_num_threads(threads)
-
-
 ALL_TARGETS = {
     "double_well": DoubleWell,
     "many_well": lambda: ManyWell(6),

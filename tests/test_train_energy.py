@@ -13,15 +13,6 @@ from flows.targets import DoubleWell, Gaussian, ManyWell, PhiFour
 from flows.train.energy import ForwardKL, ReverseKL, forward_kl_loss, reverse_kl_loss
 
 
-@pytest.fixture(autouse=True, scope="module")
-def _one_thread():
-    """One intra-op thread: these tests are small, and on a shared 2-core machine threads oversubscribe."""
-    threads = torch.get_num_threads()
-    torch.set_num_threads(1)
-    yield
-    torch.set_num_threads(threads)
-
-
 def _gaussian_flow(dim: int) -> Flow:
     return Flow(Affine(dim), StandardNormal(dim)).double()
 

@@ -34,6 +34,7 @@ from flows.train.energy import (
 )
 from flows.train.guard import NonFiniteGuard, TrainingDiverged, TrainingWarning
 from flows.train.history import History
+from flows.train.injective import FreeFormInjectiveObjective
 from flows.train.objectives import MaximumLikelihood, Objective, WeightedSum
 from flows.train.trainer import Trainer
 
@@ -44,6 +45,7 @@ __all__ = [
     "CheckpointError",
     "EarlyStopping",
     "ForwardKL",
+    "FreeFormInjectiveObjective",
     "History",
     "MaximumLikelihood",
     "MetricsLogger",
