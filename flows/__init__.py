@@ -27,6 +27,7 @@ from flows.bijections import (
     Sigmoid,
     Transformer,
 )
+from flows.dependent import DependentFlow, MatrixNormal
 from flows.distributions import DiagNormal, Distribution, StandardNormal
 from flows.flow import Flow, evaluating
 from flows.nn import MLP
@@ -49,6 +50,7 @@ __all__ = [
     "BijectionCheckError",
     "Chain",
     "Coupling",
+    "DependentFlow",
     "DiagNormal",
     "Distribution",
     "Elementwise",
@@ -57,6 +59,7 @@ __all__ = [
     "InverseNotAvailable",
     "LULinear",
     "Logit",
+    "MatrixNormal",
     "Permutation",
     "RealNVP",
     "Reverse",
