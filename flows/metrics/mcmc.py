@@ -93,8 +93,8 @@ def integrated_autocorr_time(samples: Tensor, *, split: bool = False) -> Tensor:
         >>> bool(((tau > 0.8) & (tau < 1.2)).all())
         True
     """
-    event = samples.shape[2:]
     x = _draws_chains(samples, "integrated_autocorr_time")
+    event = samples.shape[2:]
     if split:
         half = x.shape[0] // 2
         x = torch.cat([x[:half], x[x.shape[0] - half :]], dim=1)
@@ -134,8 +134,8 @@ def effective_sample_size(samples: Tensor, *, split: bool = False) -> Tensor:
         >>> bool(16000 / 3 * 0.85 < ess < 16000 / 3 * 1.15)
         True
     """
-    draws, chains = samples.shape[:2]
-    return draws * chains / integrated_autocorr_time(samples, split=split)
+    tau = integrated_autocorr_time(samples, split=split)
+    return samples.shape[0] * samples.shape[1] / tau
 
 
 def split_rhat(samples: Tensor) -> Tensor:
@@ -167,8 +167,8 @@ def split_rhat(samples: Tensor) -> Tensor:
         >>> round(split_rhat(mixed).item(), 2), split_rhat(stuck).item() > 1.5
         (1.0, True)
     """
-    event = samples.shape[2:]
     x = _draws_chains(samples, "split_rhat")
+    event = samples.shape[2:]
     n = x.shape[0] // 2
     halves = torch.cat([x[:n], x[x.shape[0] - n :]], dim=1)
     within = halves.var(0).mean(0)
