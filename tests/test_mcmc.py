@@ -74,6 +74,18 @@ def test_neutra_latent_target_of_perfect_flow_is_standard_normal() -> None:
     assert latent.log_Z == target.log_Z
 
 
+def test_pullback_exact_samples_are_the_flow_latents_of_exact_target_samples() -> None:
+    torch.manual_seed(0)
+    target = correlated_gaussian()
+    latent = PullbackTarget(target, perfect_flow(target))
+    assert latent.has_exact_sampler
+    z = latent.sample(4000)
+    assert z.shape == (4000, 3)
+    assert (z.mean(0).abs() < 5 / math.sqrt(4000)).all()
+    assert ((torch.cov(z.T) - torch.eye(3, dtype=z.dtype)).abs() < 5 * math.sqrt(2 / 4000)).all()
+    assert not PullbackTarget(TwoModes(), Flow(Affine(2), StandardNormal(2))).has_exact_sampler
+
+
 def test_pullback_gradient_matches_autograd_through_the_energy() -> None:
     torch.manual_seed(0)
     target = Funnel(4)

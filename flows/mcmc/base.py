@@ -2,7 +2,6 @@ r"""The kernel contract: :class:`State`, :class:`StepInfo` and :class:`Kernel` f
 
 from __future__ import annotations
 
-import math
 from collections.abc import Sequence
 from dataclasses import dataclass, field
 
@@ -63,7 +62,7 @@ class StepInfo:
 def metropolis_accept(log_ratio: Tensor) -> tuple[Tensor, Tensor]:
     r"""Metropolis–Hastings decision from the log acceptance ratio, per chain.
 
-    :math:`\alpha = \min(1, e^{r})`; a chain accepts when :math:`\log U < r`, :math:`U \sim
+    :math:`\alpha = \min(1, e^{r})`; a chain accepts when :math:`U < \alpha`, :math:`U \sim
     \mathcal U(0, 1)`. A NaN ratio (a proposal with an undefined energy) is rejected with
     :math:`\alpha = 0`.
 
@@ -79,10 +78,9 @@ def metropolis_accept(log_ratio: Tensor) -> tuple[Tensor, Tensor]:
         >>> prob.tolist(), accepted.tolist()
         ([1.0, 0.0, 0.0], [True, False, False])
     """
-    log_ratio = torch.nan_to_num(log_ratio, nan=-math.inf)
     accept_prob = torch.exp(log_ratio.clamp(max=0.0))
-    accepted = torch.rand_like(log_ratio).log() < log_ratio
-    return accept_prob, accepted
+    accepted = torch.rand_like(accept_prob) < accept_prob  # False for NaN
+    return accept_prob.nan_to_num_(0.0), accepted
 
 
 def _select(mask: Tensor, new: Tensor, old: Tensor) -> Tensor:

@@ -66,8 +66,8 @@ class CountingTarget(EnergyTarget):
         self.grad_evals += self._count(x)
         return self.target.energy_and_grad(x, create_graph=create_graph)
 
-    def sample(self, sample_shape: Sequence[int] | int = ()) -> Tensor:
-        return self.target.sample(sample_shape)
+    def sample(self, sample_shape: Sequence[int] | int = (), **options: object) -> Tensor:
+        return self.target.sample(sample_shape, **options)
 
     @property
     def has_exact_sampler(self) -> bool:

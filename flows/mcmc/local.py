@@ -14,10 +14,9 @@ from flows.targets.base import EnergyTarget
 __all__ = ["HMC", "MALA", "RandomWalk"]
 
 
-def _sq_norm(v: Tensor) -> Tensor:
-    """Squared Euclidean norm of each chain's event, ``(chains,)``."""
-    flat = v.reshape(v.shape[0], -1)
-    return torch.linalg.vecdot(flat, flat)
+def _dot(u: Tensor, v: Tensor) -> Tensor:
+    """Inner product of each chain's events, ``(chains,)``."""
+    return (u * v).reshape(u.shape[0], -1).sum(-1)
 
 
 class _StepSizeKernel(Kernel):
@@ -172,8 +171,11 @@ class MALA(_StepSizeKernel):
         noise = torch.randn_like(x)
         y = torch.add(x, grad, alpha=eps).add_(noise, alpha=math.sqrt(2.0 * eps))
         log_prob_y, grad_y = self._energy_and_grad(y)
-        backward = torch.sub(x, y).sub_(grad_y, alpha=eps)
-        log_ratio = (log_prob_y - state.log_prob) + 0.5 * _sq_norm(noise) - _sq_norm(backward) / (4.0 * eps)
+        # log q(x|y) - log q(y|x) with x - y - eps g(y) = -sqrt(2 eps) xi - eps s, s = g(x) + g(y):
+        # = -sqrt(eps/2) xi.s - (eps/4)|s|^2 = -sqrt(eps/2) s.(xi + sqrt(eps/8) s)   (4 passes over x)
+        s = grad + grad_y
+        c = math.sqrt(0.5 * eps)
+        log_ratio = (log_prob_y - state.log_prob) - c * _dot(s, torch.add(noise, s, alpha=0.5 * c))
         accept_prob, accepted = metropolis_accept(log_ratio)
         new = State(
             _select(accepted, y, x),
@@ -256,7 +258,7 @@ class HMC(_StepSizeKernel):
             y = torch.add(y, p, alpha=eps)
             log_prob_y, grad_y = self._energy_and_grad(y)
             p = p.add_(grad_y, alpha=eps if i < self.n_leapfrog - 1 else 0.5 * eps)
-        log_ratio = (log_prob_y - state.log_prob) - 0.5 * (_sq_norm(p) - _sq_norm(momentum0))
+        log_ratio = (log_prob_y - state.log_prob) - 0.5 * (_dot(p, p) - _dot(momentum0, momentum0))
         accept_prob, accepted = metropolis_accept(log_ratio)
         new = State(
             _select(accepted, y, state.x),

@@ -86,9 +86,9 @@ class PullbackTarget(EnergyTarget):
             (grad,) = torch.autograd.grad((x * grad_x).sum() - ladj.sum(), z)
         return u - ladj.detach(), grad
 
-    def sample(self, sample_shape: Sequence[int] | int = ()) -> Tensor:
+    def sample(self, sample_shape: Sequence[int] | int = (), **options: object) -> Tensor:
         with torch.no_grad(), evaluating(self.flow):
-            return self.flow.transform(self.target.sample(sample_shape))
+            return self.flow.transform(self.target.sample(sample_shape, **options))
 
     @property
     def has_exact_sampler(self) -> bool:
