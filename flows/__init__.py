@@ -25,6 +25,7 @@ from flows.bijections import (
     Permutation,
     Reverse,
     Sigmoid,
+    Standardize,
     Transformer,
 )
 from flows.dependent import DependentFlow, MatrixNormal
@@ -65,6 +66,7 @@ __all__ = [
     "Reverse",
     "Sigmoid",
     "StandardNormal",
+    "Standardize",
     "Transformer",
     "__version__",
     "add_auxiliary_loss",

@@ -6,6 +6,7 @@ from flows.bijections.elementwise import Affine, Elementwise, Logit, Sigmoid
 from flows.bijections.linear import LULinear
 from flows.bijections.normalization import ActNorm, ActNorm2d
 from flows.bijections.permutation import Permutation, Reverse
+from flows.bijections.standardize import Standardize
 from flows.bijections.transformers import AdditiveTransformer, AffineTransformer, Transformer
 
 __all__ = [
@@ -27,6 +28,7 @@ __all__ = [
     "Permutation",
     "Reverse",
     "Sigmoid",
+    "Standardize",
     "Transformer",
     "alternating_mask",
     "half_mask",

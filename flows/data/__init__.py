@@ -1,7 +1,28 @@
 """Datasets and preprocessing: embedded defaults, files from a data directory, dequantization."""
 
+from flows.data.dataset import DATASETS, Dataset, load_dataset, split_data
 from flows.data.dequantization import uniform_dequantize
 from flows.data.digits import DIGITS_LEVELS, load_digits
 from flows.data.files import KNOWN_FILES, data_dir, data_file, download
+from flows.data.loader import TensorLoader
+from flows.data.tabular import SKLEARN_TABLES, load_array, load_csv, load_miniboone, load_sklearn_table
 
-__all__ = ["DIGITS_LEVELS", "KNOWN_FILES", "data_dir", "data_file", "download", "load_digits", "uniform_dequantize"]
+__all__ = [
+    "DATASETS",
+    "DIGITS_LEVELS",
+    "KNOWN_FILES",
+    "SKLEARN_TABLES",
+    "Dataset",
+    "TensorLoader",
+    "data_dir",
+    "data_file",
+    "download",
+    "load_array",
+    "load_csv",
+    "load_dataset",
+    "load_digits",
+    "load_miniboone",
+    "load_sklearn_table",
+    "split_data",
+    "uniform_dequantize",
+]

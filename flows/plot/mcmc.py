@@ -4,30 +4,14 @@ from __future__ import annotations
 
 import os
 from collections.abc import Sequence
-from pathlib import Path
 from typing import Any
 
 from torch import Tensor
 
 from flows.mcmc.sampler import Trace
+from flows.plot._figure import new_figure, save_figure
 
 __all__ = ["plot_chain_pairs", "plot_trace"]
-
-
-def _figure(width: float, height: float) -> Any:
-    """A headless matplotlib figure (Agg canvas, no pyplot state)."""
-    from matplotlib.backends.backend_agg import FigureCanvasAgg
-    from matplotlib.figure import Figure
-
-    figure = Figure(figsize=(width, height), layout="constrained")
-    FigureCanvasAgg(figure)
-    return figure
-
-
-def _save(figure: Any, path: str | os.PathLike | None) -> None:
-    if path is not None:
-        Path(path).parent.mkdir(parents=True, exist_ok=True)
-        figure.savefig(path, dpi=100)
 
 
 def _chains(samples: Trace | Tensor, who: str) -> Tensor:
@@ -76,7 +60,7 @@ def plot_trace(
     labels = list(labels) if labels is not None else [f"x{d}" for d in dims]
     trace = samples if isinstance(samples, Trace) else None
     rows = len(dims) + (trace is not None)
-    figure = _figure(7.0, 1.6 * rows + 0.4)
+    figure = new_figure(7.0, 1.6 * rows + 0.4)
     steps = range(x.shape[0])
     for row, dim in enumerate(dims):
         ax = figure.add_subplot(rows, 1, row + 1)
@@ -96,7 +80,7 @@ def plot_trace(
     figure.axes[-1].set_xlabel("step")
     if title:
         figure.suptitle(title)
-    _save(figure, path)
+    save_figure(figure, path)
     return figure
 
 
@@ -142,7 +126,7 @@ def plot_chain_pairs(
     labels = list(labels) if labels is not None else [f"x{d}" for d in dims]
     ref = reference.detach().cpu().double().reshape(len(reference), -1) if reference is not None else None
     k = len(dims) - 1
-    figure = _figure(2.2 * k + 0.5, 2.2 * k + 0.3)
+    figure = new_figure(2.2 * k + 0.5, 2.2 * k + 0.3)
     for row in range(1, len(dims)):
         for col in range(row):
             ax = figure.add_subplot(k, k, (row - 1) * k + col + 1)
@@ -156,5 +140,5 @@ def plot_chain_pairs(
                 ax.set_ylabel(labels[row])
     if title:
         figure.suptitle(title)
-    _save(figure, path)
+    save_figure(figure, path)
     return figure
