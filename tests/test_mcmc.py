@@ -329,11 +329,17 @@ def test_imh_refreshes_gradients_only_for_accepted_chains() -> None:
 def test_dual_averaging_reaches_the_target_acceptance(kernel_cls, goal: float) -> None:
     torch.manual_seed(5)
     target = correlated_gaussian()
-    kernel = kernel_cls(target, 2.0)  # far too large a start
-    trace = sample(kernel, target.sample(200), 100, warmup=300)
-    assert abs(float(trace.accept_prob.mean()) - goal) < 0.1
+    make = (lambda s: HMC(target, s, 4)) if kernel_cls is HMC else (lambda s: kernel_cls(target, s))
+    kernel = make(2.0)  # far too large a start
+    trace = sample(kernel, target.sample(100), 100, warmup=300)
+    # dual averaging drives the running mean of the warm-up acceptance to the goal ...
+    assert abs(float(trace.warmup_accept_prob[-150:].mean()) - goal) < 0.05
+    # ... and the averaged step size used afterwards is at least as safe; MALA's and RWM's
+    # acceptance falls smoothly with the step size, HMC's has resonances and a stability cliff.
+    after = float(trace.accept_prob.mean())
+    assert (goal - 0.1 < after < 1.0) if kernel_cls is HMC else abs(after - goal) < 0.1
     assert kernel.adaptation.count == 0  # reset after end_adaptation
-    restored = kernel_cls(target, 1.0)
+    restored = make(1.0)
     restored.load_state_dict(kernel.state_dict())
     assert float(restored.step_size) == float(kernel.step_size) != 2.0
 
