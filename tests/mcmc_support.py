@@ -1,4 +1,4 @@
-"""Small targets and transports with exact answers for the MCMC tests (test-only, not library code)."""
+"""Test-only targets and transports with exact answers for the MCMC tests (library targets: flows.targets)."""
 
 from __future__ import annotations
 
@@ -14,7 +14,7 @@ from flows.targets import EnergyTarget
 
 
 class Gaussian(EnergyTarget):
-    """N(mean, cov) with energy ½ (x-μ)ᵀ Σ⁻¹ (x-μ) (no constant), exact sampler and log Z."""
+    """N(mean, cov), full covariance (flows.targets.Gaussian is diagonal); energy ½ (x-μ)ᵀ Σ⁻¹ (x-μ), exact sampler."""
 
     def __init__(self, mean: Tensor, cov: Tensor) -> None:
         super().__init__(mean.shape[-1])
@@ -64,43 +64,6 @@ def imperfect_flow(target: Gaussian, *, log_scale: float = -0.25, shift: float =
 
     wrong = Affine(d, shift=shift, log_scale=log_scale).to(target.mean.dtype)
     return Flow(Chain(flow.transform, wrong), StandardNormal(d)).to(target.mean.dtype)
-
-
-class TwoModes(EnergyTarget):
-    """Equal mixture of N(±(3, 3), I) in 2-D (unnormalised energy)."""
-
-    def __init__(self) -> None:
-        super().__init__(2)
-        self.register_buffer("means", torch.tensor([[3.0, 3.0], [-3.0, -3.0]]))
-
-    def energy(self, x: Tensor) -> Tensor:
-        d2 = (x[..., None, :] - self.means).square().sum(-1)
-        return -torch.logsumexp(-0.5 * d2, -1)
-
-
-class Funnel(EnergyTarget):
-    """Neal's funnel: v ~ N(0, 3²), x_i | v ~ N(0, e^v); y = (v, x_1, ..., x_{d-1}). Normalised energy."""
-
-    def __init__(self, dim: int = 5, scale: float = 3.0) -> None:
-        super().__init__(dim)
-        self.scale = scale
-        self.log_Z = 0.0
-
-    def energy(self, y: Tensor) -> Tensor:
-        v, x = y[..., 0], y[..., 1:]
-        k = x.shape[-1]
-        return (
-            0.5 * (v / self.scale) ** 2
-            + math.log(self.scale)
-            + 0.5 * (x.square().sum(-1) * torch.exp(-v) + k * v)
-            + 0.5 * (k + 1) * math.log(2 * math.pi)
-        )
-
-    def sample(self, sample_shape=()) -> Tensor:
-        shape = (sample_shape,) if isinstance(sample_shape, int) else tuple(sample_shape)
-        v = self.scale * torch.randn(*shape, 1)
-        x = torch.randn(*shape, self.dim - 1) * torch.exp(v / 2)
-        return torch.cat([v, x], -1)
 
 
 class FunnelTransport(Bijection):

@@ -28,13 +28,12 @@ from flows.mcmc import (
 )
 from flows.mcmc.base import _select
 from flows.metrics import mode_weights
+from flows.targets import Funnel, GaussianMixture
 from flows.testing import check_bijection
 from tests.mcmc_support import (
-    Funnel,
     FunnelTransport,
     Gaussian,
     ThreeStates,
-    TwoModes,
     correlated_gaussian,
     discrete_flow,
     imperfect_flow,
@@ -83,12 +82,13 @@ def test_pullback_exact_samples_are_the_flow_latents_of_exact_target_samples() -
     assert z.shape == (4000, 3)
     assert (z.mean(0).abs() < 5 / math.sqrt(4000)).all()
     assert ((torch.cov(z.T) - torch.eye(3, dtype=z.dtype)).abs() < 5 * math.sqrt(2 / 4000)).all()
-    assert not PullbackTarget(TwoModes(), Flow(Affine(2), StandardNormal(2))).has_exact_sampler
+    assert PullbackTarget(two_modes(), Flow(Affine(2), StandardNormal(2)).double()).has_exact_sampler
+    assert not PullbackTarget(ThreeStates(torch.ones(3) / 3), discrete_flow(torch.ones(3) / 3)).has_exact_sampler
 
 
 def test_pullback_gradient_matches_autograd_through_the_energy() -> None:
     torch.manual_seed(0)
-    target = Funnel(4)
+    target = Funnel(4).double()
     flow = Flow(FunnelTransport(4, a=2.0, b=0.7), StandardNormal(4)).double()
     latent = PullbackTarget(target, flow)
     z = torch.randn(6, 4, dtype=torch.float64)
@@ -110,6 +110,11 @@ def test_neutra_chain_latent_is_standard_normal_with_perfect_flow() -> None:
     # the data-side chain state is T(z) with log pi consistent with the target
     torch.testing.assert_close(trace.state.x, kernel.latent.to_data(z)[0])
     torch.testing.assert_close(trace.state.log_prob, -target.energy(trace.state.x))
+
+
+def two_modes() -> GaussianMixture:
+    """Equal mixture of N(±(3, 3), I) in 2-D."""
+    return GaussianMixture(torch.tensor([[3.0, 3.0], [-3.0, -3.0]])).double()
 
 
 # -- stationarity from exact samples -----------------------------------------------------------
@@ -371,8 +376,8 @@ def test_neutra_latent_cache_is_rebuilt_after_the_flow_changes() -> None:
 def test_global_local_with_online_training_equilibrates_mode_weights() -> None:
     """Chains start 90/10 in two modes; MALA keeps that split, flowMC-style global-local fixes it."""
     torch.manual_seed(6)
-    target = TwoModes().double()
-    means = target.means.double()
+    target = two_modes()
+    means = target.locs
     start = torch.cat([means[0] + torch.randn(180, 2), means[1] + torch.randn(20, 2)]).double()
 
     mala = sample(MALA(target), start, 150, warmup=150)
