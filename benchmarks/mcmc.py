@@ -33,6 +33,7 @@ run (warm-up included). One thread.
 from __future__ import annotations
 
 import argparse
+import copy
 import statistics
 import time
 from collections.abc import Callable
@@ -54,10 +55,10 @@ def _uneven_start(locs: torch.Tensor, chains: int, fractions: list[float], noise
     return torch.cat([locs[k] + noise * torch.randn(c, *locs.shape[1:]) for k, c in enumerate(counts)])
 
 
-def _run(name: str, kernel: Kernel, counter: CountingTarget, start: torch.Tensor, steps: int) -> dict:
+def _run(name: str, kernel: Kernel, counter: CountingTarget, start: torch.Tensor, steps: int, callback=None) -> dict:
     counter.reset()
     warmup = steps // 4
-    trace = sample(kernel, start, steps - warmup, warmup=warmup)
+    trace = sample(kernel, start, steps - warmup, warmup=warmup, callback=callback)
     seconds = trace.seconds + trace.warmup_seconds
     ess = float(effective_sample_size(trace.samples).mean())
     return {
@@ -82,9 +83,13 @@ def compare(
     lr: float,
     train_steps: int,
     step_size: float,
-    only: set[str] | None = None,
+    early: float = 0.0,
 ) -> list[dict]:
-    """Global-local (trains the flow), then MALA, HMC, IMH, i-SIR, NeuTra-MALA with that flow, equal budgets."""
+    """Global-local (trains the flow), then MALA, HMC, IMH, i-SIR, NeuTra-MALA with that flow, equal budgets.
+
+    With ``early > 0``, IMH and NeuTra-MALA also run with a snapshot of the flow taken after that
+    fraction of the global-local warm-up (a poorer flow).
+    """
     counter = CountingTarget(target)
     d = target.dim
     couplings = RealNVP(d, transforms=transforms, hidden=(hidden, hidden)).transform
@@ -99,7 +104,14 @@ def compare(
         batch_size=512,
         memory=30,
     )
-    rows = [_run("global-local (flowMC)", gl, counter, start, budget // (N_LOCAL + 1))]
+    steps = budget // (N_LOCAL + 1)
+    snapshot_at, snapshots = int(early * (steps // 4)), {}
+
+    def snapshot(i: int, state, info) -> None:
+        if early > 0 and i == snapshot_at:
+            snapshots["early"] = copy.deepcopy(flow).requires_grad_(False)
+
+    rows = [_run("global-local (flowMC)", gl, counter, start, steps, snapshot)]
     flow.requires_grad_(False)
     samplers: dict[str, tuple[Callable[[], Kernel], int]] = {
         "MALA": (lambda: MALA(counter, step_size), budget),
@@ -108,9 +120,12 @@ def compare(
         "i-SIR (flow, 4 prop.)": (lambda: ISIR(counter, flow, n_proposals=4), budget // 4),
         "NeuTra-MALA (flow)": (lambda: NeuTra(counter, flow, step_size=0.5), budget),
     }
-    for name, (make, steps) in samplers.items():
-        if only is None or name in only:
-            rows.append(_run(name, make(), counter, start, steps))
+    if "early" in snapshots:
+        poor = snapshots["early"]
+        samplers[f"IMH (flow at {early:.0%} of warm-up)"] = (lambda: IMH(counter, poor), budget)
+        samplers[f"NeuTra-MALA (flow at {early:.0%})"] = (lambda: NeuTra(counter, poor, step_size=0.5), budget)
+    for name, (make, n_steps) in samplers.items():
+        rows.append(_run(name, make(), counter, start, n_steps))
     return rows
 
 
@@ -140,13 +155,23 @@ def _print(title: str, rows: list[dict], error_name: str) -> None:
     print("(jumps: mode changes per chain over the recorded samples)" if "jumps" in rows[0] else "")
 
 
-def mixture(dims: list[int], budget: int, chains: int, *, hidden: int, train_steps: int) -> dict[int, list[dict]]:
+def mixture(
+    dims: list[int], budget: int, chains: int, *, hidden: int, train_steps: int, early: float
+) -> dict[int, list[dict]]:
     results = {}
     for d in dims:
         target = GaussianMixture.four_modes(d)
         start = _uneven_start(target.locs, chains, [0.55, 0.15, 0.15, 0.15], 1.0)
         rows = compare(
-            target, start, budget=budget, transforms=6, hidden=hidden, lr=1e-3, train_steps=train_steps, step_size=0.5
+            target,
+            start,
+            budget=budget,
+            transforms=6,
+            hidden=hidden,
+            lr=1e-3,
+            train_steps=train_steps,
+            step_size=0.5,
+            early=early,
         )
         reference = target.sample(min(4000, 16 * chains))
         for r in rows:
@@ -182,14 +207,22 @@ def funnel(budget: int, chains: int, *, hidden: int, train_steps: int) -> list[d
     return rows
 
 
-def phi4(budget: int, chains: int, *, hidden: int, train_steps: int) -> list[dict]:
+def phi4(budget: int, chains: int, *, hidden: int, train_steps: int, early: float) -> list[dict]:
     n = 64
     target = PhiFour(n)
     sites = torch.arange(1, n + 1, dtype=torch.float32)
     profile = torch.tanh(sites / 4) * torch.tanh((n + 1 - sites) / 4)  # ±1 inside, 0 at the walls
     start = _uneven_start(torch.stack([profile, -profile]), chains, [0.75, 0.25], 0.05)
     rows = compare(
-        target, start, budget=budget, transforms=6, hidden=hidden, lr=1e-3, train_steps=train_steps, step_size=1e-3
+        target,
+        start,
+        budget=budget,
+        transforms=6,
+        hidden=hidden,
+        lr=1e-3,
+        train_steps=train_steps,
+        step_size=1e-3,
+        early=early,
     )
     for r in rows:
         x = r.pop("trace").samples
@@ -270,6 +303,9 @@ def main(argv: list[str] | None = None) -> dict:
     parser.add_argument("--chains", type=int, default=256)
     parser.add_argument("--hidden", type=int, default=128)
     parser.add_argument("--train-steps", type=int, default=5, help="flow optimiser steps per warm-up step")
+    parser.add_argument(
+        "--early", type=float, default=0.25, help="also run IMH and NeuTra with the flow at this fraction of warm-up"
+    )
     parser.add_argument("--repeats", type=int, default=15, help="timing rounds of the overhead section")
     parser.add_argument("--overhead-chains", type=int, default=None, help="override the chains of every overhead case")
     parser.add_argument("--seed", type=int, default=0)
@@ -280,11 +316,11 @@ def main(argv: list[str] | None = None) -> dict:
     out: dict = {}
     common = {"hidden": args.hidden, "train_steps": args.train_steps}
     if "mixture" in args.sections:
-        out["mixture"] = mixture(args.dims, args.budget, args.chains, **common)
+        out["mixture"] = mixture(args.dims, args.budget, args.chains, early=args.early, **common)
     if "funnel" in args.sections:
         out["funnel"] = funnel(args.budget, args.chains, **common)
     if "phi4" in args.sections:
-        out["phi4"] = phi4(args.phi4_budget, args.chains, **common)
+        out["phi4"] = phi4(args.phi4_budget, args.chains, early=args.early, **common)
     if "overhead" in args.sections:
         out["overhead"] = overhead(args.repeats, args.overhead_chains)
     return out

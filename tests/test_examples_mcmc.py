@@ -27,7 +27,8 @@ def test_mcmc_benchmark_smoke(capsys) -> None:
     argv += ["--overhead-chains", "16"]
     out = _main(ROOT / "benchmarks" / "mcmc.py")([*argv, "--sections", "mixture", "funnel", "phi4", "overhead"])
     names = [row["sampler"] for row in out["mixture"][4]]
-    assert names[0] == "global-local (flowMC)" and "NeuTra-MALA (flow)" in names and len(names) == 6
+    assert names[0] == "global-local (flowMC)" and "NeuTra-MALA (flow)" in names and len(names) == 8
+    assert "NeuTra-MALA (flow at 25%)" in names
     assert all(row["evals"] > 0 for row in out["funnel"] + out["phi4"])
     assert all(ratio > 0 for ratio in out["overhead"].values())
     assert "MALA step vs one target gradient" in capsys.readouterr().out

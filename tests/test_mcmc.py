@@ -26,7 +26,7 @@ from flows.mcmc import (
     metropolis_accept,
     sample,
 )
-from flows.mcmc.base import _select
+from flows.mcmc.base import FlowWatch, _select
 from flows.metrics import mode_weights
 from flows.targets import Funnel, GaussianMixture
 from flows.testing import check_bijection
@@ -361,6 +361,26 @@ def test_imh_log_q_cache_is_refreshed_after_the_flow_changes() -> None:
     torch.testing.assert_close(kernel._log_q(state), flow.log_prob(state.x).detach())
 
 
+def test_flow_watch_fingerprint_and_eval_mode() -> None:
+    torch.manual_seed(0)
+    flow = RealNVP(2, transforms=2, hidden=(8,))
+    watch = FlowWatch(flow)
+    first = watch.version()
+    assert watch.version() == first  # nothing changed
+    optimizer = torch.optim.SGD(flow.parameters(), lr=0.1)
+    flow.log_prob(torch.randn(4, 2)).sum().backward()
+    optimizer.step()
+    second = watch.version()
+    assert second != first
+    flow.transform.transforms[0] = Affine(2)  # a replaced submodule is noticed and listed
+    assert watch.version() != second
+    assert any(m is flow.transform.transforms[0] for m in watch._modules)
+    flow.train()
+    with watch.evaluating():
+        assert not any(m.training for m in flow.modules())
+    assert all(m.training for m in flow.modules())
+
+
 def test_neutra_latent_cache_is_rebuilt_after_the_flow_changes() -> None:
     torch.manual_seed(0)
     target = correlated_gaussian()
@@ -414,7 +434,9 @@ def test_sample_continues_from_a_trace_state_and_thins() -> None:
     first = sample(kernel, target.sample(7), 10, thin=5)
     assert first.samples.shape == (2, 7, 3) and first.log_prob.shape == (2, 7)
     assert first.accepted.shape == (10, 7) and first.warmup_accept_prob.shape == (0, 7)
-    second = sample(kernel, first.state, 3, progress=True)
+    seen = []
+    second = sample(kernel, first.state, 3, warmup=2, progress=True, callback=lambda i, s, info: seen.append(i))
+    assert seen == [0, 1, 2, 3, 4]
     assert second.samples.shape == (3, 7, 3)
     assert "draws=3, chains=7" in repr(second)
 

@@ -2,6 +2,7 @@ r"""The kernel contract: :class:`State`, :class:`StepInfo` and :class:`Kernel` f
 
 from __future__ import annotations
 
+import contextlib
 from collections.abc import Sequence
 from dataclasses import dataclass, field
 
@@ -9,10 +10,10 @@ import torch
 from torch import Tensor, nn
 
 from flows._validation import format_shape, shapes_match
-from flows.flow import Flow
+from flows.flow import Flow, evaluating
 from flows.targets.base import EnergyTarget
 
-__all__ = ["Kernel", "State", "StepInfo", "metropolis_accept"]
+__all__ = ["FlowWatch", "Kernel", "State", "StepInfo", "metropolis_accept"]
 
 
 @dataclass(frozen=True)
@@ -88,13 +89,48 @@ def _select(mask: Tensor, new: Tensor, old: Tensor) -> Tensor:
     return torch.where(mask.view(-1, *([1] * (new.dim() - 1))), new, old)
 
 
-def module_version(module: nn.Module) -> tuple[tuple[int, int], ...]:
-    """A fingerprint of a module's parameter and buffer values: changes whenever any is modified.
+class FlowWatch:
+    """A flow's submodules, listed once: a cheap fingerprint of its values and eval-mode evaluation.
 
-    Made of each tensor's storage address and in-place version counter (incremented by optimiser
-    steps, ``copy_`` and ``load_state_dict``), so computing it costs no arithmetic.
+    :meth:`version` changes whenever a parameter or buffer of the flow is modified (it is made of
+    each tensor's storage address and in-place version counter, which optimiser steps, ``copy_``,
+    ``load_state_dict`` and ``.to(...)`` all change) or a submodule is replaced; kernels store it
+    beside every cached flow quantity so that a stale entry is recomputed, never reused. Walking
+    ``module.parameters()`` on every step costs more than a flow pass on small batches, hence the
+    cached list (re-listed when a submodule is replaced).
+
+    Args:
+        flow: the module to watch.
     """
-    return tuple((t.data_ptr(), t._version) for t in (*module.parameters(), *module.buffers()))
+
+    def __init__(self, flow: nn.Module) -> None:
+        self.flow = flow
+        self._relist()
+
+    def _structure(self) -> tuple[int, ...]:
+        return tuple(id(child) for m in self._modules for child in m._modules.values())
+
+    def _relist(self) -> None:
+        self._modules = list(self.flow.modules())
+        self._listed = self._structure()
+
+    def version(self) -> tuple[tuple[int, int], ...]:
+        """The fingerprint of the flow's current parameter and buffer values."""
+        if self._structure() != self._listed:
+            self._relist()
+        return tuple(
+            (t.data_ptr(), t._version)
+            for m in self._modules
+            for tensors in (m._parameters, m._buffers)
+            for t in tensors.values()
+            if t is not None
+        )
+
+    def evaluating(self) -> contextlib.AbstractContextManager:
+        """:func:`flows.evaluating` of the flow, or nothing when no submodule is in training mode."""
+        if any(m.training for m in self._modules):
+            return evaluating(self.flow)
+        return contextlib.nullcontext()
 
 
 class Kernel(nn.Module):

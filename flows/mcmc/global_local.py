@@ -95,7 +95,7 @@ class GlobalLocal(Kernel):
                 raise ValueError(f"GlobalLocal: expected {name} to be a positive int, got {value!r}")
         super().__init__(global_kernel.target)
         self.global_kernel, self.local_kernel = global_kernel, local_kernel
-        self.n_local, self.train, self.train_steps = n_local, train, train_steps
+        self.n_local, self.train_flow, self.train_steps = n_local, train, train_steps
         self.batch_size, self.memory = batch_size, memory
         if train and optimizer is None:
             optimizer = torch.optim.Adam(global_kernel.flow.parameters(), lr=lr)
@@ -131,7 +131,7 @@ class GlobalLocal(Kernel):
         flow.train(was_training)
 
     def step(self, state: State, *, adapt: bool = False) -> tuple[State, StepInfo]:
-        training = adapt and self.train and self.train_steps > 0
+        training = adapt and self.train_flow and self.train_steps > 0
         state, info = self.global_kernel.step(state, adapt=adapt)
         if training:
             self._remember(state.x)
@@ -152,4 +152,4 @@ class GlobalLocal(Kernel):
         self._memory.clear()
 
     def extra_repr(self) -> str:
-        return f"n_local={self.n_local}, train={self.train}"
+        return f"n_local={self.n_local}, train={self.train_flow}"

@@ -10,8 +10,8 @@ from __future__ import annotations
 import torch
 from torch import Tensor
 
-from flows.flow import Flow, evaluating
-from flows.mcmc.base import Kernel, State, StepInfo, _select, check_flow_matches, metropolis_accept, module_version
+from flows.flow import Flow
+from flows.mcmc.base import FlowWatch, Kernel, State, StepInfo, _select, check_flow_matches, metropolis_accept
 from flows.targets.base import EnergyTarget
 
 __all__ = ["IMH", "ISIR", "imh_log_ratio"]
@@ -43,22 +43,22 @@ class _FlowProposal(Kernel):
         super().__init__(target)
         check_flow_matches(flow, self.event_shape, type(self).__name__)
         self.flow = flow
+        self._watch = FlowWatch(flow)
 
     def _cache_key(self) -> str:
         return f"log_q@{id(self.flow)}"
 
     def _log_q(self, state: State) -> Tensor:
         """``log q(x)`` at the state, from the cache when the flow is unchanged since it was stored."""
-        version = module_version(self.flow)
         cached = state.cache.get(self._cache_key())
-        if cached is not None and cached[0] == version:
+        if cached is not None and cached[0] == self._watch.version():
             return cached[1]
-        with torch.no_grad(), evaluating(self.flow):
+        with torch.no_grad(), self._watch.evaluating():
             return self.flow.log_prob(state.x)
 
     def _propose(self, shape: tuple[int, ...]) -> tuple[Tensor, Tensor, Tensor]:
         """Proposals ``(*shape, *event)`` with their flow and target log-densities."""
-        with torch.no_grad(), evaluating(self.flow):
+        with torch.no_grad(), self._watch.evaluating():
             y, log_q_y = self.flow.sample_and_log_prob(shape)
             log_pi_y = -self.target.energy(y)
         return y, log_q_y, log_pi_y
@@ -73,7 +73,7 @@ class _FlowProposal(Kernel):
             rows = accepted.nonzero().squeeze(-1)
             _, grad_rows = self._energy_and_grad(y[rows])
             grad = grad.index_copy(0, rows, grad_rows)
-        return State(x, log_pi, grad, {self._cache_key(): (module_version(self.flow), log_q)})
+        return State(x, log_pi, grad, {self._cache_key(): (self._watch.version(), log_q)})
 
     def extra_repr(self) -> str:
         return ""

@@ -16,8 +16,8 @@ from collections.abc import Callable, Sequence
 import torch
 from torch import Tensor
 
-from flows.flow import Flow, evaluating
-from flows.mcmc.base import Kernel, State, StepInfo, check_flow_matches, module_version
+from flows.flow import Flow
+from flows.mcmc.base import FlowWatch, Kernel, State, StepInfo, check_flow_matches
 from flows.mcmc.local import MALA
 from flows.targets.base import EnergyTarget
 
@@ -61,6 +61,7 @@ class PullbackTarget(EnergyTarget):
         super().__init__(tuple(target.event_shape))
         self.target = target
         self.flow = flow
+        self.watch = FlowWatch(flow)
 
     @property
     def log_Z(self) -> float | None:  # type: ignore[override]
@@ -69,7 +70,7 @@ class PullbackTarget(EnergyTarget):
 
     def to_data(self, z: Tensor) -> tuple[Tensor, Tensor]:
         r"""Map latent ``z`` to data: returns :math:`x = T z` and :math:`\log|\det J_T(z)|`."""
-        with evaluating(self.flow):
+        with self.watch.evaluating():
             return self.flow.transform.inverse_and_log_det(z)
 
     def energy(self, z: Tensor) -> Tensor:
@@ -87,7 +88,7 @@ class PullbackTarget(EnergyTarget):
         return u - ladj.detach(), grad
 
     def sample(self, sample_shape: Sequence[int] | int = (), **options: object) -> Tensor:
-        with torch.no_grad(), evaluating(self.flow):
+        with torch.no_grad(), self.watch.evaluating():
             return self.flow.transform(self.target.sample(sample_shape, **options))
 
     @property
@@ -153,17 +154,17 @@ class NeuTra(Kernel):
 
     def init(self, x: Tensor) -> State:
         state = super().init(x)
-        return State(state.x, state.log_prob, None, {self._cache_key(): (module_version(self.flow), self._pull(x))})
+        return State(state.x, state.log_prob, None, {self._cache_key(): (self.latent.watch.version(), self._pull(x))})
 
     def _pull(self, x: Tensor) -> State:
-        with torch.no_grad(), evaluating(self.flow):
+        with torch.no_grad(), self.latent.watch.evaluating():
             z = self.flow.transform(x)
         return self.inner.init(z)
 
     def latent_state(self, state: State) -> State:
         """The inner kernel's state at :math:`z = f(x)` (cached while the flow is unchanged)."""
         cached = state.cache.get(self._cache_key())
-        if cached is not None and cached[0] == module_version(self.flow):
+        if cached is not None and cached[0] == self.latent.watch.version():
             return cached[1]
         return self._pull(state.x)
 
@@ -181,7 +182,7 @@ class NeuTra(Kernel):
                 x_rows, ladj = self.latent.to_data(latent.x[rows])
             x = x.index_copy(0, rows, x_rows)
             log_prob = log_prob.index_copy(0, rows, latent.log_prob[rows] - ladj)
-        new = State(x, log_prob, None, {self._cache_key(): (module_version(self.flow), latent)})
+        new = State(x, log_prob, None, {self._cache_key(): (self.latent.watch.version(), latent)})
         return new, info
 
     def end_adaptation(self) -> None:

@@ -3,13 +3,15 @@ r"""The driver: :func:`sample` runs a kernel's chains through warm-up and sampli
 from __future__ import annotations
 
 import time
+from collections.abc import Callable
 from dataclasses import dataclass, field
 
 import torch
 from torch import Tensor
 from tqdm import tqdm
 
-from flows.mcmc.base import Kernel, State
+from flows.flow import evaluating
+from flows.mcmc.base import Kernel, State, StepInfo
 
 __all__ = ["Trace", "sample"]
 
@@ -65,6 +67,7 @@ def sample(
     warmup: int = 0,
     thin: int = 1,
     progress: bool = False,
+    callback: Callable[[int, State, StepInfo], None] | None = None,
 ) -> Trace:
     r"""Run a batch of chains: ``warmup`` adapting steps, then ``steps`` recorded steps.
 
@@ -81,6 +84,8 @@ def sample(
         warmup: number of adapting warm-up steps.
         thin: keep every ``thin``-th sampling step.
         progress: show a progress bar (tqdm) with the running acceptance rate.
+        callback: called as ``callback(i, state, info)`` after every step, ``i`` counting from 0
+            over warm-up and sampling steps together (monitoring, snapshots of an adapting flow).
 
     Returns:
         The :class:`Trace`.
@@ -106,18 +111,30 @@ def sample(
             raise ValueError(f"sample: expected {name} to be an int >= {low}, got {value!r}")
     if isinstance(start, State):
         kernel.check_positions(start.x)
-        state = start
-    elif isinstance(start, Tensor):
-        state = kernel.init(start)
-    else:
+    elif not isinstance(start, Tensor):
         raise TypeError(f"sample: expected start to be a Tensor or a State, got {type(start).__name__}")
+    with evaluating(kernel):  # flows and targets in eval mode once (online flow training switches itself)
+        state = start if isinstance(start, State) else kernel.init(start)
+        return _run(kernel, state, steps, warmup, thin, progress, callback)
 
+
+def _run(
+    kernel: Kernel,
+    state: State,
+    steps: int,
+    warmup: int,
+    thin: int,
+    progress: bool,
+    callback: Callable[[int, State, StepInfo], None] | None,
+) -> Trace:
     bar = tqdm(total=warmup + steps, disable=not progress, desc="warm-up" if warmup else "sampling")
     warm_accept: list[Tensor] = []
     began = time.perf_counter()
     for i in range(warmup):
         state, info = kernel.step(state, adapt=True)
         warm_accept.append(info.accept_prob)
+        if callback is not None:
+            callback(i, state, info)
         bar.update()
         if progress and (i % 10 == 9 or i == warmup - 1):
             bar.set_postfix(accept=f"{float(info.accept_prob.mean()):.3f}")
@@ -131,6 +148,8 @@ def sample(
     began = time.perf_counter()
     for i in range(steps):
         state, info = kernel.step(state)
+        if callback is not None:
+            callback(warmup + i, state, info)
         accept.append(info.accept_prob)
         accepted.append(info.accepted)
         for key, value in info.extras.items():
