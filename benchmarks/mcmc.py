@@ -142,14 +142,14 @@ def _jumps(labels: torch.Tensor) -> float:
 
 def _print(title: str, rows: list[dict], error_name: str) -> None:
     print(f"\n{title}")
-    header = f"{'sampler':24s} {'evals/chain':>11s} {'seconds':>8s} {'accept':>7s} {error_name:>12s}"
+    header = f"{'sampler':30s} {'evals/chain':>11s} {'seconds':>8s} {'accept':>7s} {error_name:>12s}"
     header += f" {'jumps':>6s} {'SW2':>6s} {'ESS':>8s} {'ESS/s':>8s} {'max R^':>7s}"
     print(header)
     for r in rows:
         jumps = f"{r['jumps']:6.1f}" if "jumps" in r else f"{'-':>6s}"
         sw = f"{r['sw']:6.3f}" if "sw" in r else f"{'-':>6s}"
         print(
-            f"{r['sampler']:24s} {r['evals']:11.0f} {r['seconds']:8.1f} {r['accept']:7.3f} {r['error']:12.3f} "
+            f"{r['sampler']:30s} {r['evals']:11.0f} {r['seconds']:8.1f} {r['accept']:7.3f} {r['error']:12.3f} "
             f"{jumps} {sw} {r['ess']:8.1f} {r['ess_per_s']:8.1f} {r['rhat']:7.2f}"
         )
     print("(jumps: mode changes per chain over the recorded samples)" if "jumps" in rows[0] else "")

@@ -21,6 +21,13 @@ def _chains(samples: Trace | Tensor, who: str) -> Tensor:
     return x.detach().cpu().double().reshape(x.shape[0], x.shape[1], -1)
 
 
+def _spread(chains: int, most: int) -> list[int]:
+    """Up to ``most`` chain indices evenly spaced over ``range(chains)`` (chains are often started in blocks)."""
+    if chains <= most:
+        return list(range(chains))
+    return sorted({round(i * (chains - 1) / (most - 1)) for i in range(most)}) if most > 1 else [0]
+
+
 def plot_trace(
     samples: Trace | Tensor,
     path: str | os.PathLike | None = None,
@@ -42,7 +49,7 @@ def plot_trace(
         path: where to save the picture.
         dims: flattened coordinates to show (default: the first ``max_dims``).
         max_dims: cap on the number of coordinates shown by default.
-        max_chains: at most this many chains are drawn.
+        max_chains: at most this many chains are drawn (evenly spaced over the batch).
         labels: names of the shown coordinates.
         title: figure title.
 
@@ -64,7 +71,7 @@ def plot_trace(
     steps = range(x.shape[0])
     for row, dim in enumerate(dims):
         ax = figure.add_subplot(rows, 1, row + 1)
-        for chain in range(min(max_chains, x.shape[1])):
+        for chain in _spread(x.shape[1], max_chains):
             ax.plot(steps, x[:, chain, dim].numpy(), lw=0.7, alpha=0.8)
         ax.set_ylabel(labels[row])
         ax.set_xlim(0, max(x.shape[0] - 1, 1))
@@ -106,7 +113,7 @@ def plot_chain_pairs(
         path: where to save the picture.
         dims: flattened coordinates to show (default: the first ``max_dims``).
         max_dims: cap on the number of coordinates shown by default.
-        max_chains: at most this many chains are drawn.
+        max_chains: at most this many chains are drawn (evenly spaced over the batch).
         labels: names of the shown coordinates.
         title: figure title.
 
@@ -132,7 +139,7 @@ def plot_chain_pairs(
             ax = figure.add_subplot(k, k, (row - 1) * k + col + 1)
             if ref is not None:
                 ax.scatter(ref[:, dims[col]].numpy(), ref[:, dims[row]].numpy(), s=1, c="0.75", linewidths=0)
-            for chain in range(min(max_chains, x.shape[1])):
+            for chain in _spread(x.shape[1], max_chains):
                 ax.scatter(x[:, chain, dims[col]].numpy(), x[:, chain, dims[row]].numpy(), s=2, linewidths=0)
             if row == len(dims) - 1:
                 ax.set_xlabel(labels[col])
