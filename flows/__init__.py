@@ -4,7 +4,7 @@ Direction convention: a transform's forward direction maps data ``x`` to latent 
 ``log p(x) = log p_Z(f(x)) + log|det J_f(x)|``. Sampling runs the inverse.
 """
 
-from flows.architectures import NICE, RealNVP
+from flows.architectures import NICE, FreeFormInjectiveFlow, RealNVP
 from flows.auxiliary import AuxiliaryLosses, add_auxiliary_loss
 from flows.bijections import (
     ActNorm,
@@ -16,8 +16,12 @@ from flows.bijections import (
     AffineTransformer,
     Bijection,
     Chain,
+    CirculantDiagonal,
+    CirculantDiagonal2d,
     Coupling,
     Elementwise,
+    FreeFormInjective,
+    InjectiveLinear,
     Inverse,
     InverseNotAvailable,
     Logit,
@@ -50,12 +54,17 @@ __all__ = [
     "Bijection",
     "BijectionCheckError",
     "Chain",
+    "CirculantDiagonal",
+    "CirculantDiagonal2d",
     "Coupling",
     "DependentFlow",
     "DiagNormal",
     "Distribution",
     "Elementwise",
     "Flow",
+    "FreeFormInjective",
+    "FreeFormInjectiveFlow",
+    "InjectiveLinear",
     "Inverse",
     "InverseNotAvailable",
     "LULinear",

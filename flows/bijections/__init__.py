@@ -1,8 +1,10 @@
 """Bijections: the transform contract and every invertible layer of the library."""
 
 from flows.bijections.base import Bijection, Chain, Inverse, InverseNotAvailable
+from flows.bijections.circulant import CirculantDiagonal, CirculantDiagonal2d
 from flows.bijections.coupling import AdditiveCoupling, AffineCoupling, Coupling, alternating_mask, half_mask
 from flows.bijections.elementwise import Affine, Elementwise, Logit, Sigmoid
+from flows.bijections.injective import FreeFormInjective, InjectiveLinear, half_log_det_gram, orthogonal_probes
 from flows.bijections.linear import LULinear
 from flows.bijections.normalization import ActNorm, ActNorm2d
 from flows.bijections.permutation import Permutation, Reverse
@@ -19,8 +21,12 @@ __all__ = [
     "AffineTransformer",
     "Bijection",
     "Chain",
+    "CirculantDiagonal",
+    "CirculantDiagonal2d",
     "Coupling",
     "Elementwise",
+    "FreeFormInjective",
+    "InjectiveLinear",
     "Inverse",
     "InverseNotAvailable",
     "LULinear",
@@ -31,5 +37,7 @@ __all__ = [
     "Standardize",
     "Transformer",
     "alternating_mask",
+    "half_log_det_gram",
     "half_mask",
+    "orthogonal_probes",
 ]

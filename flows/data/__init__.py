@@ -5,6 +5,7 @@ from flows.data.dequantization import uniform_dequantize
 from flows.data.digits import DIGITS_LEVELS, load_digits
 from flows.data.files import KNOWN_FILES, data_dir, data_file, download
 from flows.data.loader import TensorLoader
+from flows.data.manifolds import SineManifold
 from flows.data.tabular import SKLEARN_TABLES, load_array, load_csv, load_miniboone, load_sklearn_table
 
 __all__ = [
@@ -13,6 +14,7 @@ __all__ = [
     "KNOWN_FILES",
     "SKLEARN_TABLES",
     "Dataset",
+    "SineManifold",
     "TensorLoader",
     "data_dir",
     "data_file",

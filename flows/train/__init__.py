@@ -24,6 +24,7 @@ from flows.train.checkpoint import (
 from flows.train.config import available_models, build_model, model_config, register_model
 from flows.train.guard import NonFiniteGuard, TrainingDiverged, TrainingWarning
 from flows.train.history import History
+from flows.train.injective import FreeFormInjectiveObjective
 from flows.train.objectives import MaximumLikelihood, Objective, WeightedSum
 from flows.train.trainer import Trainer
 
@@ -32,6 +33,7 @@ __all__ = [
     "Checkpoint",
     "CheckpointError",
     "EarlyStopping",
+    "FreeFormInjectiveObjective",
     "History",
     "MaximumLikelihood",
     "MetricsLogger",
