@@ -24,7 +24,7 @@ def test_mcmc_mixture_example_smoke(tmp_path: Path, capsys) -> None:
 
 def test_mcmc_benchmark_smoke(capsys) -> None:
     argv = ["--dims", "4", "--budget", "40", "--chains", "6", "--hidden", "8", "--repeats", "1"]
-    argv += ["--overhead-chains", "16"]
+    argv += ["--phi4-budget", "40", "--overhead-chains", "16"]
     out = _main(ROOT / "benchmarks" / "mcmc.py")([*argv, "--sections", "mixture", "funnel", "phi4", "overhead"])
     names = [row["sampler"] for row in out["mixture"][4]]
     assert names[0] == "global-local (flowMC)" and "NeuTra-MALA (flow)" in names and len(names) == 8
