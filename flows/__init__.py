@@ -4,7 +4,7 @@ Direction convention: a transform's forward direction maps data ``x`` to latent 
 ``log p(x) = log p_Z(f(x)) + log|det J_f(x)|``. Sampling runs the inverse.
 """
 
-from flows.architectures import NICE, FreeFormInjectiveFlow, RealNVP
+from flows.architectures import IAF, MAF, NICE, NSF, FreeFormInjectiveFlow, RealNVP
 from flows.auxiliary import AuxiliaryLosses, add_auxiliary_loss
 from flows.bijections import (
     ActNorm,
@@ -14,6 +14,7 @@ from flows.bijections import (
     Affine,
     AffineCoupling,
     AffineTransformer,
+    BatchNorm,
     Bijection,
     Chain,
     CirculantDiagonal,
@@ -26,7 +27,9 @@ from flows.bijections import (
     InverseNotAvailable,
     Logit,
     LULinear,
+    MaskedAutoregressive,
     Permutation,
+    RationalQuadraticSpline,
     Reverse,
     Sigmoid,
     Standardize,
@@ -35,14 +38,18 @@ from flows.bijections import (
 from flows.dependent import DependentFlow, MatrixNormal
 from flows.distributions import DiagNormal, Distribution, StandardNormal
 from flows.flow import Flow, evaluating
-from flows.nn import MLP
+from flows.nn import MADE, MLP
 from flows.testing import BijectionCheckError, check_bijection
 
 __version__ = "0.1.0"
 
 __all__ = [
+    "IAF",
+    "MADE",
+    "MAF",
     "MLP",
     "NICE",
+    "NSF",
     "ActNorm",
     "ActNorm2d",
     "AdditiveCoupling",
@@ -51,6 +58,7 @@ __all__ = [
     "AffineCoupling",
     "AffineTransformer",
     "AuxiliaryLosses",
+    "BatchNorm",
     "Bijection",
     "BijectionCheckError",
     "Chain",
@@ -69,8 +77,10 @@ __all__ = [
     "InverseNotAvailable",
     "LULinear",
     "Logit",
+    "MaskedAutoregressive",
     "MatrixNormal",
     "Permutation",
+    "RationalQuadraticSpline",
     "RealNVP",
     "Reverse",
     "Sigmoid",

@@ -3,7 +3,8 @@
 One module per family; every builder is a :class:`~flows.flow.Flow` subclass.
 """
 
+from flows.architectures.autoregressive import IAF, MAF, NSF
 from flows.architectures.coupling import NICE, RealNVP
 from flows.architectures.injective import FreeFormInjectiveFlow
 
-__all__ = ["NICE", "FreeFormInjectiveFlow", "RealNVP"]
+__all__ = ["IAF", "MAF", "NICE", "NSF", "FreeFormInjectiveFlow", "RealNVP"]

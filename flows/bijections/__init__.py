@@ -1,13 +1,15 @@
 """Bijections: the transform contract and every invertible layer of the library."""
 
+from flows.bijections.autoregressive import MaskedAutoregressive
 from flows.bijections.base import Bijection, Chain, Inverse, InverseNotAvailable
 from flows.bijections.circulant import CirculantDiagonal, CirculantDiagonal2d
 from flows.bijections.coupling import AdditiveCoupling, AffineCoupling, Coupling, alternating_mask, half_mask
 from flows.bijections.elementwise import Affine, Elementwise, Logit, Sigmoid
 from flows.bijections.injective import FreeFormInjective, InjectiveLinear, half_log_det_gram, orthogonal_probes
 from flows.bijections.linear import LULinear
-from flows.bijections.normalization import ActNorm, ActNorm2d
+from flows.bijections.normalization import ActNorm, ActNorm2d, BatchNorm
 from flows.bijections.permutation import Permutation, Reverse
+from flows.bijections.splines import RationalQuadraticSpline
 from flows.bijections.standardize import Standardize
 from flows.bijections.transformers import AdditiveTransformer, AffineTransformer, Transformer
 
@@ -19,6 +21,7 @@ __all__ = [
     "Affine",
     "AffineCoupling",
     "AffineTransformer",
+    "BatchNorm",
     "Bijection",
     "Chain",
     "CirculantDiagonal",
@@ -31,7 +34,9 @@ __all__ = [
     "InverseNotAvailable",
     "LULinear",
     "Logit",
+    "MaskedAutoregressive",
     "Permutation",
+    "RationalQuadraticSpline",
     "Reverse",
     "Sigmoid",
     "Standardize",
