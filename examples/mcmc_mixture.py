@@ -14,7 +14,7 @@ evaluations per chain:
 
 Pictures (trace of one coordinate from each half, chains over the exact samples) go to ``--out``.
 
-    python examples/mcmc_mixture.py                                # d=32: about 1-2 minutes on one core
+    python examples/mcmc_mixture.py                                # d=32: 2-8 minutes on one shared core
     python examples/mcmc_mixture.py --dim 16 --budget 600 --chains 64
 """
 
