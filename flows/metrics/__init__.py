@@ -10,14 +10,30 @@ from flows.metrics.importance import (
     reweighted_mean,
     sample_log_weights,
 )
+from flows.metrics.mcmc import (
+    acceptance_rate,
+    effective_sample_size,
+    integrated_autocorr_time,
+    mode_weight_error,
+    mode_weights,
+    sliced_wasserstein,
+    split_rhat,
+)
 
 __all__ = [
     "FreeEnergyProfile",
+    "acceptance_rate",
     "bits_per_dim",
+    "effective_sample_size",
     "free_energy_profile",
+    "integrated_autocorr_time",
     "kish_ess",
     "log_importance_weights",
     "log_z_estimate",
+    "mode_weight_error",
+    "mode_weights",
     "reweighted_mean",
     "sample_log_weights",
+    "sliced_wasserstein",
+    "split_rhat",
 ]
