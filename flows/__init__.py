@@ -4,7 +4,7 @@ Direction convention: a transform's forward direction maps data ``x`` to latent 
 ``log p(x) = log p_Z(f(x)) + log|det J_f(x)|``. Sampling runs the inverse.
 """
 
-from flows.architectures import FFJORD, NICE, FreeFormInjectiveFlow, RealNVP
+from flows.architectures import FFJORD, IAF, MAF, NICE, NSF, FreeFormInjectiveFlow, RealNVP
 from flows.auxiliary import AuxiliaryLosses, add_auxiliary_loss
 from flows.bijections import (
     CNF,
@@ -15,18 +15,27 @@ from flows.bijections import (
     Affine,
     AffineCoupling,
     AffineTransformer,
+    BatchNorm,
     Bijection,
     Chain,
+    CirculantDiagonal,
+    CirculantDiagonal2d,
     Coupling,
     Elementwise,
     FreeFormInjective,
+    HMCBlock,
     InjectiveLinear,
     Inverse,
     InverseNotAvailable,
+    LangevinBlock,
     Logit,
     LULinear,
+    MaskedAutoregressive,
+    MetropolisBlock,
     Permutation,
+    RationalQuadraticSpline,
     Reverse,
+    SharedBlocks,
     Sigmoid,
     Standardize,
     Transformer,
@@ -34,7 +43,7 @@ from flows.bijections import (
 from flows.dependent import DependentFlow, MatrixNormal
 from flows.distributions import DiagNormal, Distribution, StandardNormal
 from flows.flow import Flow, evaluating
-from flows.nn import MLP, TimeMLP
+from flows.nn import MADE, MLP, TimeMLP
 from flows.testing import BijectionCheckError, check_bijection
 
 __version__ = "0.1.0"
@@ -42,8 +51,12 @@ __version__ = "0.1.0"
 __all__ = [
     "CNF",
     "FFJORD",
+    "IAF",
+    "MADE",
+    "MAF",
     "MLP",
     "NICE",
+    "NSF",
     "ActNorm",
     "ActNorm2d",
     "AdditiveCoupling",
@@ -52,9 +65,12 @@ __all__ = [
     "AffineCoupling",
     "AffineTransformer",
     "AuxiliaryLosses",
+    "BatchNorm",
     "Bijection",
     "BijectionCheckError",
     "Chain",
+    "CirculantDiagonal",
+    "CirculantDiagonal2d",
     "Coupling",
     "DependentFlow",
     "DiagNormal",
@@ -63,15 +79,21 @@ __all__ = [
     "Flow",
     "FreeFormInjective",
     "FreeFormInjectiveFlow",
+    "HMCBlock",
     "InjectiveLinear",
     "Inverse",
     "InverseNotAvailable",
     "LULinear",
+    "LangevinBlock",
     "Logit",
+    "MaskedAutoregressive",
     "MatrixNormal",
+    "MetropolisBlock",
     "Permutation",
+    "RationalQuadraticSpline",
     "RealNVP",
     "Reverse",
+    "SharedBlocks",
     "Sigmoid",
     "StandardNormal",
     "Standardize",

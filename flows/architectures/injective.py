@@ -76,6 +76,9 @@ class FreeFormInjectiveFlow(Flow):
         (torch.Size([8]), torch.Size([3, 2]))
     """
 
+    #: Trained by the FIF surrogate (``flows.train.FreeFormInjectiveObjective``), not by maximum likelihood.
+    likelihood_trainable = False
+
     def __init__(
         self,
         features: int,
