@@ -169,3 +169,34 @@ def test_lu_linear_matches_its_dense_matrix() -> None:
     many = torch.randn(12, 5, dtype=torch.float64)
     torch.testing.assert_close(t(many), many @ w.T + t.bias)
     torch.testing.assert_close(t(many[:3]), (many @ w.T + t.bias)[:3])
+
+
+def test_tensor_only_calls_skip_members_log_dets() -> None:
+    """Chain/Inverse forward and inverse use the members' tensor-only methods (a CNF skips its trace)."""
+
+    class Counting(Affine):
+        fused = 0
+
+        def forward_and_log_det(self, x, context=None):
+            Counting.fused += 1
+            return super().forward_and_log_det(x, context)
+
+        def inverse_and_log_det(self, z, context=None):
+            Counting.fused += 1
+            return super().inverse_and_log_det(z, context)
+
+        def forward(self, x, context=None):
+            return x * self.params[..., 1].exp() + self.params[..., 0]
+
+        def inverse(self, z, context=None):
+            return (z - self.params[..., 0]) * torch.exp(-self.params[..., 1])
+
+    chain = Chain(Counting(2), Reverse(2), Counting(2))
+    x = torch.randn(3, 2)
+    z = chain(x)
+    torch.testing.assert_close(chain.inverse(z), x)
+    torch.testing.assert_close(chain.inv(z), x)
+    torch.testing.assert_close(chain.inv.inverse(x), z)
+    assert Counting.fused == 0
+    chain.forward_and_log_det(x)
+    assert Counting.fused == 2
