@@ -4,7 +4,7 @@ Direction convention: a transform's forward direction maps data ``x`` to latent 
 ``log p(x) = log p_Z(f(x)) + log|det J_f(x)|``. Sampling runs the inverse.
 """
 
-from flows.architectures import NICE, RealNVP
+from flows.architectures import NICE, Glow, RealNVP
 from flows.auxiliary import AuxiliaryLosses, add_auxiliary_loss
 from flows.bijections import (
     ActNorm,
@@ -17,19 +17,25 @@ from flows.bijections import (
     Bijection,
     Chain,
     Coupling,
+    EIWShuffle,
     Elementwise,
+    EntropyPermutation,
+    Flatten,
     Inverse,
     InverseNotAvailable,
+    Invertible1x1Conv,
     Logit,
     LULinear,
     Permutation,
     Reverse,
     Sigmoid,
+    Split,
+    Squeeze,
     Transformer,
 )
 from flows.distributions import DiagNormal, Distribution, StandardNormal
 from flows.flow import Flow, evaluating
-from flows.nn import MLP
+from flows.nn import MLP, ConvNet, PooledMLP
 from flows.testing import BijectionCheckError, check_bijection
 
 __version__ = "0.1.0"
@@ -48,19 +54,28 @@ __all__ = [
     "Bijection",
     "BijectionCheckError",
     "Chain",
+    "ConvNet",
     "Coupling",
     "DiagNormal",
     "Distribution",
+    "EIWShuffle",
     "Elementwise",
+    "EntropyPermutation",
+    "Flatten",
     "Flow",
+    "Glow",
     "Inverse",
     "InverseNotAvailable",
+    "Invertible1x1Conv",
     "LULinear",
     "Logit",
     "Permutation",
+    "PooledMLP",
     "RealNVP",
     "Reverse",
     "Sigmoid",
+    "Split",
+    "Squeeze",
     "StandardNormal",
     "Transformer",
     "__version__",
