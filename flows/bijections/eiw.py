@@ -43,7 +43,7 @@ GAUSSIAN_LOGCOSH = 0.37456720749143807
 """``E[log cosh ν]`` for a standard normal ``ν`` (numerical quadrature)."""
 
 
-def negentropy(x: Tensor, *, eps: float = 1e-5) -> Tensor:
+def negentropy(x: Tensor, *, eps: float = 1e-8) -> Tensor:
     r"""Per-channel negentropy approximation of image batches ``(*batch, C, H, W)``: shape ``(C,)``.
 
     Each channel is standardised over the batch and the pixels, :math:`y = (x - \mu)/\sigma`, and
