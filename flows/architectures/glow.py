@@ -93,7 +93,7 @@ class Glow(Flow):
         circulant_factors: number ``m`` of diagonal factors of the circulant mixer.
         eiw_hidden: hidden widths of the EIW weight networks.
         eiw_regularization: weight of the EIW regulariser (see :class:`~flows.bijections.eiw.EIWShuffle`).
-        eiw_momentum, eiw_update_steps: see :class:`~flows.bijections.eiw.EntropyPermutation`.
+        eiw_momentum, eiw_margin, eiw_update_steps: see :class:`~flows.bijections.eiw.EntropyPermutation`.
 
     Raises:
         ValueError: for a shape that cannot be squeezed ``levels`` times, or an unknown option.
@@ -134,6 +134,7 @@ class Glow(Flow):
         eiw_hidden: Sequence[int] = (32,),
         eiw_regularization: float = 0.01,
         eiw_momentum: float = 0.05,
+        eiw_margin: float = 0.1,
         eiw_update_steps: int | None = None,
     ) -> None:
         shape = tuple(shape)
@@ -164,6 +165,7 @@ class Glow(Flow):
                 "hidden": tuple(eiw_hidden),
                 "regularization": eiw_regularization,
                 "momentum": eiw_momentum,
+                "margin": eiw_margin,
                 "update_steps": eiw_update_steps,
             },
         }

@@ -10,10 +10,11 @@ not public; **this module implements our own, exactly invertible formulation** o
     half :math:`B` from the pooled statistics (per-channel mean and standard deviation over the
     pixels) of the other half :math:`A`, then :math:`w_A = \exp g_2(\text{pool}(y_B))` the other way
     round; :math:`\log|\det J| = H W (\sum \log w_B + \sum \log w_A)`;
-(b) *entropy-informed shuffle* (:class:`EntropyPermutation`): a channel permutation ordered by running
+(b) *entropy-informed shuffle* (:class:`EntropyPermutation`): a channel permutation driven by running
     per-channel estimates of non-Gaussianity (a negentropy approximation, :func:`negentropy`), kept in
-    buffers, updated only in train mode and frozen in eval mode, so that the inverse recomputes
-    nothing; the most Gaussian channels go last, where the following split factors them out;
+    buffers, updated only in train mode (with hysteresis) and frozen in eval mode, so that the
+    inverse recomputes nothing; the most Gaussian channels go last, where the following split
+    factors them out;
 (c) a *regulariser*: the negentropy of the channels that will be split off, weighted and handed to the
     trainer through :func:`flows.auxiliary.add_auxiliary_loss` (name ``"eiw_negentropy"``).
 
@@ -72,24 +73,32 @@ def negentropy(x: Tensor, *, eps: float = 1e-8) -> Tensor:
 
 
 class EntropyPermutation(Permutation):
-    r"""Channel permutation ordered by running non-Gaussianity estimates, most Gaussian channels last.
+    r"""Channel permutation that puts the ``split`` most Gaussian channels last (where a split factors them out).
 
-    :math:`z_{:,i} = x_{:,\pi(i)}` with :math:`\pi = \operatorname{argsort}(-\hat J)`, where
-    :math:`\hat J` is an exponential moving average of :func:`negentropy` per input channel;
-    :math:`\log|\det J| = 0`.
+    :math:`z_{:,i} = x_{:,\pi(i)}`, :math:`\log|\det J| = 0`. The order is driven by
+    :math:`\hat J`, an exponential moving average of :func:`negentropy` per input channel: the
+    ``split`` channels with the smallest :math:`\hat J` go last, the others first, each group in
+    increasing channel index. Only the *membership* of the groups is entropy-informed: reordering
+    within a group would change nothing about what is factored out, yet would scramble the inputs
+    of the layers that follow.
 
-    In train mode, each forward pass first folds the batch's estimate into :math:`\hat J` (first
-    pass: taken as it is; then :math:`\hat J \leftarrow (1-m)\hat J + m J_\text{batch}`) and re-sorts
-    :math:`\pi` (for the first ``update_steps`` passes, or always when ``None``), then permutes. The
-    output of that call therefore depends on the batch through the permutation; in eval mode (and
-    after ``update_steps``) :math:`\pi` is frozen and the layer is a fixed permutation. The inverse
-    always uses the stored :math:`\pi` and never updates anything, so it inverts the latest forward
-    pass exactly. The estimates, the permutation and the step count are buffers (saved in
-    ``state_dict``).
+    In train mode, each forward pass (for the first ``update_steps`` passes, or always when
+    ``None``) first folds the batch's estimate into :math:`\hat J` (first pass: taken as it is;
+    then :math:`\hat J \leftarrow (1-m)\hat J + m J_\text{batch}`) and updates :math:`\pi`, then
+    permutes. With hysteresis: the split-off group changes only when the best group's summed
+    :math:`\hat J` is below ``(1 - margin)`` times that of the current group, so channels of
+    similar scores do not swap back and forth (each swap disturbs the training of the layers that
+    follow). The output of a train-mode call can depend on the batch through :math:`\pi`; in eval
+    mode (and after ``update_steps``) :math:`\pi` is frozen and the layer is a fixed permutation.
+    The inverse always uses the stored :math:`\pi` and never updates anything, so it inverts the
+    latest forward pass exactly. Estimates, permutation and step count are buffers (in ``state_dict``).
 
     Args:
         channels: number of channels ``C``.
+        split: number of channels placed last (default ``C - C // 2``, what
+            :class:`~flows.bijections.multiscale.Split` factors out by default).
         momentum: weight ``m`` of the newest batch in the moving average.
+        margin: relative hysteresis of a change of the split-off group (0 = always the best group).
         update_steps: number of train-mode forward passes during which the order is re-estimated
             (``None`` = throughout training).
 
@@ -100,36 +109,59 @@ class EntropyPermutation(Permutation):
 
     Example:
         >>> import torch
-        >>> t = EntropyPermutation(2)
-        >>> x = torch.stack((torch.rand(64, 4, 4), torch.randn(64, 4, 4)), dim=1)  # uniform, Gaussian
-        >>> z = t(x)  # train mode: estimates updated, the uniform channel goes first
+        >>> t = EntropyPermutation(3, split=1)
+        >>> x = torch.stack((torch.randn(64, 4, 4), torch.rand(64, 4, 4), torch.randn(64, 4, 4) ** 3), dim=1)
+        >>> z = t(x)  # train mode: estimates updated, the Gaussian channel 0 goes last
         >>> t.permutation.tolist(), torch.equal(t.inverse(z), x)
-        ([0, 1], True)
+        ([1, 2, 0], True)
     """
 
-    def __init__(self, channels: int, *, momentum: float = 0.05, update_steps: int | None = None) -> None:
+    def __init__(
+        self,
+        channels: int,
+        *,
+        split: int | None = None,
+        momentum: float = 0.05,
+        margin: float = 0.1,
+        update_steps: int | None = None,
+    ) -> None:
         if not isinstance(channels, int) or channels < 1:
             raise ValueError(f"EntropyPermutation: expected a positive int number of channels, got {channels!r}")
+        split = channels - channels // 2 if split is None else split
+        if not isinstance(split, int) or not 0 <= split <= channels:
+            raise ValueError(f"EntropyPermutation: expected split in 0..{channels}, got {split!r}")
         if not 0.0 < momentum <= 1.0:
             raise ValueError(f"EntropyPermutation: expected 0 < momentum <= 1, got {momentum}")
+        if not 0.0 <= margin < 1.0:
+            raise ValueError(f"EntropyPermutation: expected 0 <= margin < 1, got {margin}")
         if update_steps is not None and (not isinstance(update_steps, int) or update_steps < 0):
             raise ValueError(f"EntropyPermutation: expected update_steps >= 0 or None, got {update_steps!r}")
         super().__init__((channels, None, None), torch.arange(channels))
-        self.momentum = float(momentum)
+        self.split, self.momentum, self.margin = split, float(momentum), float(margin)
         self.update_steps = update_steps
         self.register_buffer("running_negentropy", torch.zeros(channels))
         self.register_buffer("steps", torch.zeros((), dtype=torch.long))
 
     @torch.no_grad()
     def update(self, x: Tensor) -> None:
-        """Fold the negentropy of the batch ``x`` into the running estimates and re-sort the permutation."""
+        """Fold the negentropy of the batch ``x`` into the running estimates and update the permutation."""
         estimate = negentropy(x.detach()).to(self.running_negentropy.dtype)
         if int(self.steps) == 0:
             self.running_negentropy.copy_(estimate)
         else:
             self.running_negentropy.lerp_(estimate, self.momentum)
         self.steps.add_(1)
-        order = torch.argsort(self.running_negentropy, descending=True, stable=True)
+        channels, split = len(self.permutation), self.split
+        if split in (0, channels):
+            return
+        scores = self.running_negentropy
+        current = self.permutation[channels - split :]
+        best = torch.argsort(scores, stable=True)[:split]
+        if not bool(scores[best].sum() < (1 - self.margin) * scores[current].sum()):
+            return
+        last = torch.zeros(channels, dtype=torch.bool, device=scores.device)
+        last[best] = True
+        order = torch.cat((torch.nonzero(~last).squeeze(-1), torch.nonzero(last).squeeze(-1)))
         self.permutation.copy_(order)
         self.inverse_permutation.copy_(torch.argsort(order))
 
@@ -139,7 +171,10 @@ class EntropyPermutation(Permutation):
         return super().forward_and_log_det(x, context)
 
     def extra_repr(self) -> str:
-        return f"channels={self.event_shape[0]}, momentum={self.momentum}, update_steps={self.update_steps}"
+        return (
+            f"channels={self.event_shape[0]}, split={self.split}, momentum={self.momentum}, "
+            f"margin={self.margin}, update_steps={self.update_steps}"
+        )
 
 
 class _LogWeights(nn.Module):
@@ -184,10 +219,11 @@ class EIWShuffle(Chain):
         context: width of a vector context for the weight networks (0 for none).
         hidden: hidden widths of the two weight networks.
         clamp: bound on the absolute log-weights.
-        split: number of trailing channels the regulariser acts on (default ``C - C // 2``,
-            what :class:`~flows.bijections.multiscale.Split` factors out by default).
+        split: number of trailing channels (the most Gaussian) that the following split factors
+            out, and that the regulariser acts on (default ``C - C // 2``, what
+            :class:`~flows.bijections.multiscale.Split` factors out by default).
         regularization: weight of the regulariser.
-        momentum, update_steps: see :class:`EntropyPermutation`.
+        momentum, margin, update_steps: see :class:`EntropyPermutation`.
 
     References:
         Chen, Du, Li, Zeng, Paisley (2025), "Entropy-Informed Weighting Channel Normalizing Flow for
@@ -215,6 +251,7 @@ class EIWShuffle(Chain):
         split: int | None = None,
         regularization: float = 0.01,
         momentum: float = 0.05,
+        margin: float = 0.1,
         update_steps: int | None = None,
     ) -> None:
         if not isinstance(channels, int) or channels < 2:
@@ -239,7 +276,9 @@ class EIWShuffle(Chain):
                     conditioner=_LogWeights(net),
                 )
             )
-        members.append(EntropyPermutation(channels, momentum=momentum, update_steps=update_steps))
+        members.append(
+            EntropyPermutation(channels, split=split, momentum=momentum, margin=margin, update_steps=update_steps)
+        )
         super().__init__(*members)
         self.split = split
         self.regularization = float(regularization)
