@@ -31,8 +31,10 @@ from flows.bijections import (
     Sigmoid,
     Split,
     Squeeze,
+    Standardize,
     Transformer,
 )
+from flows.dependent import DependentFlow, MatrixNormal
 from flows.distributions import DiagNormal, Distribution, StandardNormal
 from flows.flow import Flow, evaluating
 from flows.nn import MLP, ConvNet, PooledMLP
@@ -56,6 +58,7 @@ __all__ = [
     "Chain",
     "ConvNet",
     "Coupling",
+    "DependentFlow",
     "DiagNormal",
     "Distribution",
     "EIWShuffle",
@@ -69,6 +72,7 @@ __all__ = [
     "Invertible1x1Conv",
     "LULinear",
     "Logit",
+    "MatrixNormal",
     "Permutation",
     "PooledMLP",
     "RealNVP",
@@ -77,6 +81,7 @@ __all__ = [
     "Split",
     "Squeeze",
     "StandardNormal",
+    "Standardize",
     "Transformer",
     "__version__",
     "add_auxiliary_loss",

@@ -21,3 +21,9 @@ def test_fit_digits_smoke(tmp_path: Path, capsys) -> None:
     assert 0.5 < bpd < 8.0  # one epoch of a tiny model: far from converged, but a finite, sane bound
     assert (tmp_path / "samples.png").stat().st_size > 1000
     assert "test bits/dim" in capsys.readouterr().out
+
+
+def test_dependent_data_smoke(capsys) -> None:
+    result = _main("dependent_data.py")(["--seeds", "2", "--epochs", "1", "--individuals", "20", "--repeats", "3"])
+    assert 0.0 < result["lam"] < 1.0 and result["se"] >= 0
+    assert "gain of dependent over i.i.d. training" in capsys.readouterr().out

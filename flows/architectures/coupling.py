@@ -8,15 +8,61 @@ from __future__ import annotations
 
 from collections.abc import Callable, Sequence
 
-from torch import nn
+import torch
+from torch import Tensor, nn
 
-from flows.bijections.base import Chain
-from flows.bijections.coupling import AdditiveCoupling, AffineCoupling, alternating_mask
+from flows.bijections.base import Bijection, Chain
+from flows.bijections.coupling import AdditiveCoupling, AffineCoupling
 from flows.bijections.elementwise import Affine
+from flows.bijections.permutation import Permutation
 from flows.distributions import StandardNormal
 from flows.flow import Flow
+from flows.nn import MLP
+from flows.sharing import StepConditioner
 
 __all__ = ["NICE", "RealNVP"]
+
+
+def _alternating(features: int, layers: list[Bijection]) -> Chain:
+    """Couplings on alternating even/odd entries, run as couplings on contiguous halves.
+
+    A coupling whose mask keeps the even entries equals, after the fixed permutation that puts
+    the even entries first, a coupling that keeps the first half. Sandwiching half-mask couplings
+    between that permutation and its inverse gives exactly the alternating-mask model while every
+    split is a cheap contiguous view (no strided copies in the conditioners' matmuls).
+    """
+    order = torch.cat((torch.arange(0, features, 2), torch.arange(1, features, 2)))
+    evens_first = Permutation(features, order)
+    return Chain(evens_first, *layers, evens_first.inv)
+
+
+def _evens_first_mask(features: int) -> Tensor:
+    """After the even-first permutation, the even entries are the first ``ceil(D / 2)``."""
+    return torch.arange(features) < (features + 1) // 2
+
+
+def _conditioners(
+    features: int,
+    context: int,
+    masks: list[Tensor],
+    params_per_dim: int,
+    hidden: Sequence[int],
+    activation: Callable[[], nn.Module],
+    embedding: int,
+) -> list[StepConditioner]:
+    """NanoFlow sharing: one MLP per mask shape (one in all for even ``D``), a private embedding and gate per step."""
+    shared: dict[tuple[int, int], MLP] = {}
+    steps = []
+    for mask in masks:
+        n_kept = int(mask.sum())
+        n_trans = features - n_kept
+        key = (n_kept, n_trans)
+        if key not in shared:
+            shared[key] = MLP(
+                n_kept + embedding, n_trans * params_per_dim, hidden, context=context, activation=activation
+            )
+        steps.append(StepConditioner(shared[key], embedding, n_trans * params_per_dim))
+    return steps
 
 
 def _check_builder_args(name: str, features: int, transforms: int) -> None:
@@ -32,6 +78,8 @@ class RealNVP(Flow):
     Coupling ``i`` keeps the even-indexed features when ``i`` is even and the odd-indexed ones
     otherwise, and maps the rest by :math:`x \mapsto x e^{s} + t` with
     :math:`(t, s)` from an MLP of the kept part (and the context). Identity at initialisation.
+    (Implemented as half-mask couplings between a fixed even-first permutation and its inverse:
+    the same model, with contiguous splits.)
 
     References:
         Dinh, Sohl-Dickstein, Bengio (2017), "Density estimation using Real NVP", ICLR,
@@ -44,6 +92,9 @@ class RealNVP(Flow):
         hidden: hidden widths of each conditioner MLP.
         clamp: bound on each layer's absolute log-scale.
         activation: nonlinearity of the conditioners.
+        share_conditioner: NanoFlow parameter sharing (:mod:`flows.sharing`): one conditioner
+            network for all couplings, with a learned per-step embedding and output gate.
+        embedding: width of the per-step embedding when sharing.
 
     Example:
         >>> import torch
@@ -61,20 +112,30 @@ class RealNVP(Flow):
         hidden: Sequence[int] = (64, 64),
         clamp: float | None = 3.0,
         activation: Callable[[], nn.Module] = nn.ReLU,
+        share_conditioner: bool = False,
+        embedding: int = 8,
     ) -> None:
         _check_builder_args("RealNVP", features, transforms)
+        evens = _evens_first_mask(features)
+        masks = [evens if i % 2 == 0 else ~evens for i in range(transforms)]
+        conditioners = (
+            _conditioners(features, context, masks, 2, hidden, activation, embedding)
+            if share_conditioner
+            else [None] * transforms
+        )
         layers = [
             AffineCoupling(
                 features,
                 context,
-                mask=alternating_mask(features, keep_even=i % 2 == 0),
+                mask=mask,
                 clamp=clamp,
+                conditioner=conditioner,
                 hidden=hidden,
                 activation=activation,
             )
-            for i in range(transforms)
+            for mask, conditioner in zip(masks, conditioners, strict=True)
         ]
-        super().__init__(Chain(*layers), StandardNormal(features), context=context)
+        super().__init__(_alternating(features, layers), StandardNormal(features), context=context)
 
 
 class NICE(Flow):
@@ -93,6 +154,8 @@ class NICE(Flow):
         transforms: number of additive coupling layers.
         hidden: hidden widths of each conditioner MLP.
         activation: nonlinearity of the conditioners.
+        share_conditioner: NanoFlow parameter sharing (see :class:`RealNVP`).
+        embedding: width of the per-step embedding when sharing.
 
     Example:
         >>> import torch
@@ -108,16 +171,21 @@ class NICE(Flow):
         transforms: int = 4,
         hidden: Sequence[int] = (64, 64),
         activation: Callable[[], nn.Module] = nn.ReLU,
+        share_conditioner: bool = False,
+        embedding: int = 8,
     ) -> None:
         _check_builder_args("NICE", features, transforms)
+        evens = _evens_first_mask(features)
+        masks = [evens if i % 2 == 0 else ~evens for i in range(transforms)]
+        conditioners = (
+            _conditioners(features, context, masks, 1, hidden, activation, embedding)
+            if share_conditioner
+            else [None] * transforms
+        )
         layers = [
             AdditiveCoupling(
-                features,
-                context,
-                mask=alternating_mask(features, keep_even=i % 2 == 0),
-                hidden=hidden,
-                activation=activation,
+                features, context, mask=mask, conditioner=conditioner, hidden=hidden, activation=activation
             )
-            for i in range(transforms)
+            for mask, conditioner in zip(masks, conditioners, strict=True)
         ]
-        super().__init__(Chain(*layers, Affine(features)), StandardNormal(features), context=context)
+        super().__init__(_alternating(features, [*layers, Affine(features)]), StandardNormal(features), context=context)

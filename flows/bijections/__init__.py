@@ -9,6 +9,7 @@ from flows.bijections.linear import LULinear
 from flows.bijections.multiscale import Flatten, Split, Squeeze
 from flows.bijections.normalization import ActNorm, ActNorm2d
 from flows.bijections.permutation import Permutation, Reverse
+from flows.bijections.standardize import Standardize
 from flows.bijections.transformers import AdditiveTransformer, AffineTransformer, Transformer
 
 __all__ = [
@@ -36,6 +37,7 @@ __all__ = [
     "Sigmoid",
     "Split",
     "Squeeze",
+    "Standardize",
     "Transformer",
     "alternating_mask",
     "half_mask",

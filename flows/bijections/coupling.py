@@ -67,7 +67,8 @@ class Coupling(Bijection):
             conditions the rest. Must have at least one ``True`` and one ``False``.
             Defaults to :func:`half_mask`.
         conditioner: network mapping ``(x_kept, context)`` to raw parameters of shape
-            ``(*batch, n_transformed * P, *event_shape[1:])`` (laid out as ``(n_transformed, P)``).
+            ``(*batch, P * n_transformed, *event_shape[1:])``, laid out as ``(P, n_transformed)``:
+            the first ``n_transformed`` outputs are every entry's first parameter, and so on.
             Defaults to an :class:`~flows.nn.MLP` for vector events.
         hidden: hidden widths of the default conditioner.
         activation: nonlinearity of the default conditioner.
@@ -135,11 +136,12 @@ class Coupling(Bijection):
     def _split(self, x: Tensor) -> tuple[Tensor, Tensor]:
         axis = x.dim() - len(self.event_shape)
         n_kept, layout = len(self.kept), self._layout
-        if layout == "first":
-            return x.narrow(axis, 0, n_kept), x.narrow(axis, n_kept, x.shape[axis] - n_kept)
+        if layout == "first":  # torch.split: views, and one cat in the backward pass
+            kept, trans = x.split((n_kept, x.shape[axis] - n_kept), dim=axis)
+            return kept, trans
         if layout == "last":
-            n_trans = x.shape[axis] - n_kept
-            return x.narrow(axis, n_trans, n_kept), x.narrow(axis, 0, n_trans)
+            trans, kept = x.split((x.shape[axis] - n_kept, n_kept), dim=axis)
+            return kept, trans
         if layout in ("even", "odd"):
             pairs = x.unflatten(axis, (n_kept, 2))
             first, second = pairs.select(axis + 1, 0), pairs.select(axis + 1, 1)
@@ -162,8 +164,10 @@ class Coupling(Bijection):
     def _params(self, kept: Tensor, context: Tensor | None) -> Tensor:
         params = self.conditioner(kept, context) if self.context_features else self.conditioner(kept)
         axis = kept.dim() - len(self.event_shape)
-        params = params.unflatten(axis, (len(self.transformed), self.transformer.params_per_dim))
-        return params.movedim(axis + 1, -1)
+        # Chunked layout (P, n): each parameter kind is a contiguous block of the conditioner output,
+        # so elementwise transformer arithmetic runs on dense slices instead of stride-P views.
+        params = params.unflatten(axis, (self.transformer.params_per_dim, len(self.transformed)))
+        return params.movedim(axis, -1)
 
     def forward_and_log_det(self, x: Tensor, context: Tensor | None = None) -> tuple[Tensor, Tensor]:
         kept, trans = self._split(x)

@@ -75,9 +75,12 @@ class AffineTransformer(Transformer):
         self.clamp = clamp
 
     def _shift_log_scale(self, params: Tensor) -> tuple[Tensor, Tensor]:
-        shift, log_scale = params[..., 0], params[..., 1]
+        shift, log_scale = params.unbind(-1)
         if self.clamp is not None:
-            log_scale = self.clamp * torch.tanh(log_scale / self.clamp)
+            # c·tanh(ŝ/c) written as 2c·σ(2ŝ/c) − c: the same function (to rounding), but torch's
+            # CPU sigmoid is several times faster than its tanh, and this is on every coupling's hot path.
+            c = self.clamp
+            log_scale = torch.sigmoid(log_scale * (2.0 / c)) * (2.0 * c) - c
         return shift, log_scale
 
     def forward_and_log_det(self, x: Tensor, params: Tensor) -> tuple[Tensor, Tensor]:

@@ -1,5 +1,27 @@
-"""Energy targets pi(x) ∝ exp(-u(x)) for Boltzmann sampling and MCMC."""
+"""Energy targets pi(x) ∝ exp(-u(x)) for Boltzmann sampling and MCMC.
+
+Every target is an :class:`EnergyTarget`: ``energy(x)``, ``log_prob(x)``, ``energy_and_grad(x)``,
+``log_Z`` (``None`` when unknown) and ``sample(n)`` where an exact sampler exists.
+"""
 
 from flows.targets.base import EnergyTarget
+from flows.targets.lattice import PhiFour
+from flows.targets.mixtures import Gaussian, GaussianMixture
+from flows.targets.particles import DW4, LJ13, ParticleSystem
+from flows.targets.toy import Banana, Funnel
+from flows.targets.wells import DoubleWell, ManyWell, MullerBrown
 
-__all__ = ["EnergyTarget"]
+__all__ = [
+    "DW4",
+    "LJ13",
+    "Banana",
+    "DoubleWell",
+    "EnergyTarget",
+    "Funnel",
+    "Gaussian",
+    "GaussianMixture",
+    "ManyWell",
+    "MullerBrown",
+    "ParticleSystem",
+    "PhiFour",
+]

@@ -28,7 +28,7 @@ class EnergyTarget(nn.Module):
       ``normalized=True`` and it is known);
     * ``energy_and_grad(x)``: :math:`u(x)` and :math:`\nabla u(x)` by autograd;
     * ``log_Z``: :math:`\log Z = \log \int e^{-u}` or ``None`` when unknown;
-    * ``sample(n)``: exact samples, or :class:`NotImplementedError`.
+    * ``sample(n, generator=None)``: exact samples, or :class:`NotImplementedError`.
 
     Args:
         event_shape: shape of one configuration.
@@ -39,6 +39,8 @@ class EnergyTarget(nn.Module):
     def __init__(self, event_shape: int | Sequence[int]) -> None:
         super().__init__()
         self.event_shape = torch.Size(as_shape(event_shape, "event_shape", allow_none=False))
+        # Carries the target's dtype and device for sampling; holds no information.
+        self.register_buffer("_anchor", torch.zeros(()), persistent=False)
 
     @property
     def dim(self) -> int:
@@ -64,14 +66,19 @@ class EnergyTarget(nn.Module):
         return log_p
 
     def energy_and_grad(self, x: Tensor, *, create_graph: bool = False) -> tuple[Tensor, Tensor]:
-        r"""Energy and its gradient :math:`\nabla_x u(x)` (autograd), for batched ``x``."""
+        r"""Energy and its gradient :math:`\nabla_x u(x)` (autograd), for batched ``x``.
+
+        With ``create_graph=True`` (and an ``x`` that requires grad) both outputs stay differentiable
+        with respect to ``x`` and the target's parameters (second-order terms for training through
+        Langevin or HMC steps).
+        """
         with torch.enable_grad():
             x = x if x.requires_grad and create_graph else x.detach().requires_grad_(True)
             u = self.energy(x)
             (grad,) = torch.autograd.grad(u.sum(), x, create_graph=create_graph)
         return (u if create_graph else u.detach()), grad
 
-    def sample(self, sample_shape: Sequence[int] | int = ()) -> Tensor:
+    def sample(self, sample_shape: Sequence[int] | int = (), *, generator: torch.Generator | None = None) -> Tensor:
         """Exact samples of shape ``(*sample_shape, *event_shape)`` where an exact sampler exists."""
         raise NotImplementedError(f"{type(self).__name__} has no exact sampler")
 
@@ -79,6 +86,21 @@ class EnergyTarget(nn.Module):
     def has_exact_sampler(self) -> bool:
         """Whether :meth:`sample` is implemented."""
         return type(self).sample is not EnergyTarget.sample
+
+    def _sample_size(self, sample_shape: Sequence[int] | int) -> torch.Size:
+        """``sample_shape`` as a ``torch.Size`` (an ``int`` means ``(n,)``)."""
+        shape = torch.Size((sample_shape,) if isinstance(sample_shape, int) else sample_shape)
+        if any(s < 0 for s in shape):
+            raise ValueError(f"{type(self).__name__}: expected a non-negative sample shape, got {tuple(shape)}")
+        return shape
+
+    def _randn(self, shape: Sequence[int], generator: torch.Generator | None) -> Tensor:
+        a = self._anchor
+        return torch.randn(tuple(shape), generator=generator, dtype=a.dtype, device=a.device)
+
+    def _rand(self, shape: Sequence[int], generator: torch.Generator | None) -> Tensor:
+        a = self._anchor
+        return torch.rand(tuple(shape), generator=generator, dtype=a.dtype, device=a.device)
 
     def extra_repr(self) -> str:
         return f"event_shape={tuple(self.event_shape)}"

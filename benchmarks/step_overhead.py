@@ -1,0 +1,138 @@
+"""Training-step time of RealNVP against the bare-conditioner floor and peer libraries.
+
+One training step = log_prob on a batch + backward + Adam. The **floor** is the bare conditioner
+networks doing the same matmuls (8 MLPs 32 → 256 → 256 → 64 on (512, 32) inputs, summed output,
+backward, Adam): everything a coupling flow adds on top of it is overhead. Peers: zuko `RealNVP`,
+nflows `SimpleRealNVP`, normflows `MaskedAffineFlow` stacks of equal width (skipped with a note
+when a peer is not installed: ``pip install ".[bench]"``).
+
+All contenders are timed interleaved in one run, with one thread; the ratio of medians is the
+headline, the ratio of best rounds is printed beside it (less sensitive to other load).
+
+    python benchmarks/step_overhead.py                  # D=64, batch 512, 8 couplings, hidden 2x256
+    python benchmarks/step_overhead.py --repeats 5      # quicker
+"""
+
+from __future__ import annotations
+
+import argparse
+import statistics
+import time
+from collections.abc import Callable
+
+import torch
+from torch import nn
+
+import flows
+
+
+def _count(module: nn.Module) -> int:
+    return sum(p.numel() for p in module.parameters())
+
+
+def make_step(loss_fn: Callable[[torch.Tensor], torch.Tensor], params, lr: float = 1e-4) -> Callable:
+    optimizer = torch.optim.Adam(params, lr=lr)
+
+    def step(x: torch.Tensor) -> None:
+        loss = loss_fn(x)
+        optimizer.zero_grad(set_to_none=True)
+        loss.backward()
+        optimizer.step()
+
+    return step
+
+
+def contenders(features: int, transforms: int, hidden: int) -> dict[str, tuple[Callable, int]]:
+    out: dict[str, tuple[Callable, int]] = {}
+    half = features // 2
+
+    floor = nn.ModuleList(
+        nn.Sequential(
+            nn.Linear(half, hidden), nn.ReLU(), nn.Linear(hidden, hidden), nn.ReLU(), nn.Linear(hidden, 2 * half)
+        )
+        for _ in range(transforms)
+    )
+
+    def floor_loss(x: torch.Tensor) -> torch.Tensor:
+        h = x[:, :half]
+        return sum(net(h).sum() for net in floor)
+
+    out["floor (bare conditioners)"] = (make_step(floor_loss, floor.parameters()), _count(floor))
+
+    ours = flows.RealNVP(features, transforms=transforms, hidden=(hidden, hidden))
+    out["flows RealNVP"] = (make_step(lambda x: -ours.log_prob(x).mean(), ours.parameters()), _count(ours))
+
+    try:
+        import zuko
+
+        zk = zuko.flows.RealNVP(features, transforms=transforms, hidden_features=(hidden, hidden))
+        out["zuko RealNVP"] = (make_step(lambda x: -zk().log_prob(x).mean(), zk.parameters()), _count(zk))
+    except ImportError:
+        print("zuko not installed: skipped")
+
+    try:
+        from nflows.flows import SimpleRealNVP
+
+        nf = SimpleRealNVP(features, hidden_features=hidden, num_layers=transforms, num_blocks_per_layer=1)
+        out["nflows SimpleRealNVP"] = (make_step(lambda x: -nf.log_prob(x).mean(), nf.parameters()), _count(nf))
+    except ImportError:
+        print("nflows not installed: skipped")
+
+    try:
+        import normflows as nfl
+
+        layers = []
+        for i in range(transforms):
+            mask = (torch.arange(features) % 2 == i % 2).float()
+            s = nfl.nets.MLP([features, hidden, hidden, features], init_zeros=True)
+            t = nfl.nets.MLP([features, hidden, hidden, features], init_zeros=True)
+            layers.append(nfl.flows.MaskedAffineFlow(mask, t, s))
+        nm = nfl.NormalizingFlow(nfl.distributions.DiagGaussian(features, trainable=False), layers)
+        out["normflows MaskedAffineFlow"] = (make_step(lambda x: nm.forward_kld(x), nm.parameters()), _count(nm))
+    except ImportError:
+        print("normflows not installed: skipped")
+    return out
+
+
+def main(argv: list[str] | None = None) -> dict[str, float]:
+    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser.add_argument("--features", type=int, default=64)
+    parser.add_argument("--batch", type=int, default=512)
+    parser.add_argument("--transforms", type=int, default=8)
+    parser.add_argument("--hidden", type=int, default=256)
+    parser.add_argument("--repeats", type=int, default=15, help="interleaved rounds")
+    parser.add_argument("--steps", type=int, default=5, help="steps per contender per round")
+    parser.add_argument("--threads", type=int, default=1)
+    args = parser.parse_args(argv)
+
+    torch.set_num_threads(args.threads)
+    torch.manual_seed(0)
+    x = torch.randn(args.batch, args.features)
+    runs = contenders(args.features, args.transforms, args.hidden)
+    times: dict[str, list[float]] = {name: [] for name in runs}
+    for step, _ in runs.values():  # warm-up
+        for _ in range(3):
+            step(x)
+    for _ in range(args.repeats):
+        for name, (step, _) in runs.items():
+            start = time.perf_counter()
+            for _ in range(args.steps):
+                step(x)
+            times[name].append((time.perf_counter() - start) / args.steps * 1e3)
+
+    medians = {name: statistics.median(t) for name, t in times.items()}
+    best = {name: min(t) for name, t in times.items()}
+    floor = medians["floor (bare conditioners)"]
+    floor_best = best["floor (bare conditioners)"]
+    print(
+        f"D={args.features}, batch {args.batch}, {args.transforms} couplings, hidden 2x{args.hidden}, "
+        f"{args.threads} thread(s), median of {args.repeats} rounds x {args.steps} steps"
+    )
+    print(f"{'contender':<30} {'ms/step':>9} {'x floor':>8} {'best x floor':>13} {'params':>10}")
+    for name, ms in medians.items():
+        print(f"{name:<30} {ms:9.2f} {ms / floor:8.3f} {best[name] / floor_best:13.3f} {runs[name][1]:10,d}")
+    return {name: ms / floor for name, ms in medians.items()}
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,54 @@
+"""Training: one loop for every objective, checkpoints that never lose work, multi-process training.
+
+* :class:`Trainer`: the loop (validation, early stopping, schedules, clipping, auxiliary losses,
+  NaN guard, progress, metrics history, atomic checkpoints, exact resume, DDP);
+* objectives: :class:`MaximumLikelihood` (data), :class:`WeightedSum` (mixtures), and the
+  :class:`Objective` protocol for your own (reverse KL on energy targets plugs in here);
+* callbacks: :class:`EarlyStopping`, :class:`MetricsLogger`, :class:`PrintMetrics`;
+* checkpoints: :func:`save_checkpoint`, :func:`load_checkpoint`, :func:`save_model`,
+  :func:`load_model`, model configs (:func:`model_config`, :func:`build_model`,
+  :func:`register_model`);
+* :mod:`flows.train.distributed`: ``torch.distributed`` helpers.
+"""
+
+from flows.train.callbacks import Callback, EarlyStopping, MetricsLogger, PrintMetrics
+from flows.train.checkpoint import (
+    Checkpoint,
+    CheckpointError,
+    load_checkpoint,
+    load_model,
+    read_checkpoint_header,
+    save_checkpoint,
+    save_model,
+)
+from flows.train.config import available_models, build_model, model_config, register_model
+from flows.train.guard import NonFiniteGuard, TrainingDiverged, TrainingWarning
+from flows.train.history import History
+from flows.train.objectives import MaximumLikelihood, Objective, WeightedSum
+from flows.train.trainer import Trainer
+
+__all__ = [
+    "Callback",
+    "Checkpoint",
+    "CheckpointError",
+    "EarlyStopping",
+    "History",
+    "MaximumLikelihood",
+    "MetricsLogger",
+    "NonFiniteGuard",
+    "Objective",
+    "PrintMetrics",
+    "Trainer",
+    "TrainingDiverged",
+    "TrainingWarning",
+    "WeightedSum",
+    "available_models",
+    "build_model",
+    "load_checkpoint",
+    "load_model",
+    "model_config",
+    "read_checkpoint_header",
+    "register_model",
+    "save_checkpoint",
+    "save_model",
+]

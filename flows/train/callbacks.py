@@ -1,0 +1,183 @@
+"""Trainer callbacks: hooks into the loop, with state that checkpoints save and restore.
+
+A callback overrides any of the hooks below; each receives the :class:`~flows.train.Trainer`,
+whose attributes (``model``, ``optimizer``, ``history``, ``epoch``, ``step``, ``should_stop``)
+it may read and, for ``should_stop``, set. Callbacks with state implement :meth:`Callback.state_dict`
+and :meth:`Callback.load_state_dict` so that a resumed run continues exactly.
+"""
+
+from __future__ import annotations
+
+import copy
+import math
+import os
+import sys
+from pathlib import Path
+from typing import TYPE_CHECKING, Any, TextIO
+
+if TYPE_CHECKING:  # pragma: no cover
+    from flows.train.trainer import Trainer
+
+__all__ = ["Callback", "EarlyStopping", "MetricsLogger", "PrintMetrics"]
+
+
+class Callback:
+    """Base class: every hook does nothing."""
+
+    def on_fit_start(self, trainer: Trainer) -> None:
+        """Before the first step of :meth:`~flows.train.Trainer.fit` (also after a resume)."""
+
+    def on_epoch_start(self, trainer: Trainer) -> None:
+        """Before the first step of an epoch."""
+
+    def on_step_end(self, trainer: Trainer, metrics: dict[str, float]) -> None:
+        """After every step (``metrics`` has ``loss`` and ``skipped``; do not keep heavy work here)."""
+
+    def on_epoch_end(self, trainer: Trainer, record: dict[str, float]) -> None:
+        """After validation, with the epoch's record (already appended to ``trainer.history``)."""
+
+    def on_fit_end(self, trainer: Trainer) -> None:
+        """After the last epoch, before the final checkpoint is written."""
+
+    def state_dict(self) -> dict[str, Any]:
+        """State to save in checkpoints (tensors, numbers, strings, lists and dicts only)."""
+        return {}
+
+    def load_state_dict(self, state: dict[str, Any]) -> None:
+        """Restore what :meth:`state_dict` returned."""
+
+
+class EarlyStopping(Callback):
+    """Stop when a monitored metric has not improved for ``patience`` epochs; restore the best weights.
+
+    Args:
+        monitor: metric name in the epoch record (``"val_loss"`` by default; ``"loss"`` is used
+            instead when the record has no ``val_loss``, i.e. without validation data).
+        patience: epochs without improvement before stopping.
+        min_delta: smallest decrease that counts as an improvement.
+        mode: ``"min"`` or ``"max"``.
+        restore_best: load the best weights into the model when training ends (by early stopping
+            or otherwise).
+
+    Example:
+        >>> stopper = EarlyStopping(patience=5)
+        >>> stopper.best, stopper.best_epoch
+        (inf, None)
+    """
+
+    def __init__(
+        self,
+        monitor: str = "val_loss",
+        *,
+        patience: int = 10,
+        min_delta: float = 0.0,
+        mode: str = "min",
+        restore_best: bool = True,
+    ) -> None:
+        if mode not in ("min", "max"):
+            raise ValueError(f"EarlyStopping: expected mode 'min' or 'max', got {mode!r}")
+        if patience < 0:
+            raise ValueError(f"EarlyStopping: expected patience >= 0, got {patience}")
+        self.monitor, self.patience, self.min_delta, self.mode = monitor, patience, min_delta, mode
+        self.restore_best = restore_best
+        self.best = math.inf if mode == "min" else -math.inf
+        self.best_epoch: int | None = None
+        self.bad_epochs = 0
+        self.best_state: dict | None = None
+        self.stopped_epoch: int | None = None
+
+    def _value(self, record: dict[str, float]) -> float | None:
+        if self.monitor in record:
+            return record[self.monitor]
+        if self.monitor == "val_loss" and "loss" in record:
+            return record["loss"]
+        return None
+
+    def on_epoch_end(self, trainer: Trainer, record: dict[str, float]) -> None:
+        value = self._value(record)
+        if value is None:
+            raise KeyError(f"EarlyStopping: the epoch record has no metric {self.monitor!r}; it has {sorted(record)}")
+        improved = value < self.best - self.min_delta if self.mode == "min" else value > self.best + self.min_delta
+        if improved and math.isfinite(value):
+            self.best, self.best_epoch, self.bad_epochs = value, int(record["epoch"]), 0
+            if self.restore_best:
+                self.best_state = copy.deepcopy(trainer.model.state_dict())
+        else:
+            self.bad_epochs += 1
+            if self.bad_epochs > self.patience:
+                self.stopped_epoch = int(record["epoch"])
+                trainer.should_stop = True
+                trainer.history.event(
+                    trainer.step,
+                    f"early stopping at epoch {self.stopped_epoch}: {self.monitor} has not improved for "
+                    f"{self.bad_epochs} epochs (best {self.best:.6g} at epoch {self.best_epoch})",
+                )
+
+    def on_fit_end(self, trainer: Trainer) -> None:
+        if self.restore_best and self.best_state is not None:
+            trainer.model.load_state_dict(self.best_state)
+            trainer.history.event(trainer.step, f"restored the best weights (epoch {self.best_epoch})")
+
+    def state_dict(self) -> dict[str, Any]:
+        return {
+            "best": self.best,
+            "best_epoch": self.best_epoch,
+            "bad_epochs": self.bad_epochs,
+            "best_state": self.best_state,
+            "stopped_epoch": self.stopped_epoch,
+        }
+
+    def load_state_dict(self, state: dict[str, Any]) -> None:
+        self.best, self.best_epoch, self.bad_epochs = state["best"], state["best_epoch"], state["bad_epochs"]
+        self.best_state, self.stopped_epoch = state["best_state"], state["stopped_epoch"]
+
+
+class MetricsLogger(Callback):
+    """Write the history to ``directory/metrics.json`` and ``directory/metrics.csv`` after every epoch.
+
+    Only the process of rank 0 writes (see :mod:`flows.train.distributed`).
+
+    Args:
+        directory: output directory (created if needed).
+        every: write every ``every`` epochs (and always at the end).
+    """
+
+    def __init__(self, directory: str | os.PathLike, *, every: int = 1) -> None:
+        self.directory = Path(directory)
+        self.every = max(1, int(every))
+
+    def _write(self, trainer: Trainer) -> None:
+        if trainer.is_main_process:
+            trainer.history.to_json(self.directory / "metrics.json")
+            trainer.history.to_csv(self.directory / "metrics.csv")
+
+    def on_epoch_end(self, trainer: Trainer, record: dict[str, float]) -> None:
+        if int(record["epoch"]) % self.every == 0:
+            self._write(trainer)
+
+    def on_fit_end(self, trainer: Trainer) -> None:
+        self._write(trainer)
+
+
+class PrintMetrics(Callback):
+    """Print one line per ``every`` epochs (the first and last epochs always) on rank 0.
+
+    Args:
+        every: print every ``every`` epochs.
+        stream: where to print (default ``sys.stdout``).
+        keys: metrics to show (default: every metric except ``epoch``, ``step`` and ``time``).
+    """
+
+    def __init__(self, every: int = 1, *, stream: TextIO | None = None, keys: list[str] | None = None) -> None:
+        self.every = max(1, int(every))
+        self.stream = stream
+        self.keys = keys
+
+    def on_epoch_end(self, trainer: Trainer, record: dict[str, float]) -> None:
+        epoch = int(record["epoch"])
+        last = trainer.epochs_target is not None and epoch >= trainer.epochs_target
+        if not trainer.is_main_process or (epoch % self.every and epoch != 1 and not last and not trainer.should_stop):
+            return
+        keys = self.keys or [k for k in record if k not in ("epoch", "step", "time")]
+        parts = [f"{k} {record[k]:.4g}" for k in keys if k in record]
+        print(f"epoch {epoch:4d}  " + "  ".join(parts) + f"  ({record['time']:.1f} s)", file=self.stream or sys.stdout)

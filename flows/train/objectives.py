@@ -1,0 +1,209 @@
+r"""Training objectives: what the :class:`~flows.train.Trainer` minimises, one batch at a time.
+
+An objective is the extension point of the trainer. The loop (progress, validation, checkpoints,
+the NaN guard, gradient averaging across processes) never looks inside it; it only calls
+
+* ``objective(model, batch) -> loss`` or ``(loss, metrics)`` during training (a scalar tensor to
+  minimise, plus optional scalar metrics to log), and
+* ``objective.evaluate(model, batches) -> {name: value}`` for validation (in eval mode, without
+  gradients; the default averages the training loss and metrics over the batches).
+
+``batch`` is whatever the data yields: a tuple ``(x,)`` or ``(x, context)`` from a
+:class:`~flows.data.TensorLoader`, or ``None`` for objectives that need no data (reverse KL on an
+energy target draws its own samples from the model). Objectives that sample or dequantize use the
+global torch random generator, which checkpoints save and restore.
+
+:class:`MaximumLikelihood` is forward KL on data; :class:`WeightedSum` mixes objectives (e.g.
+maximum likelihood with a reverse-KL objective from :mod:`flows.train.energy`).
+"""
+
+from __future__ import annotations
+
+import math
+from collections.abc import Iterable, Sequence
+
+import torch
+from torch import Tensor, nn
+
+from flows.data.dequantization import uniform_dequantize
+
+__all__ = ["MaximumLikelihood", "Objective", "ObjectiveOutput", "WeightedSum", "batch_size_of", "split_batch"]
+
+ObjectiveOutput = Tensor | tuple[Tensor, dict[str, Tensor]]
+
+
+def split_batch(batch: object) -> tuple[Tensor, Tensor | None]:
+    """``(x, context)`` from a batch that is a tensor, ``(x,)`` or ``(x, context)``.
+
+    Raises:
+        TypeError: for anything else.
+    """
+    if isinstance(batch, Tensor):
+        return batch, None
+    if isinstance(batch, (tuple, list)) and 1 <= len(batch) <= 2 and all(isinstance(b, Tensor) for b in batch):
+        return batch[0], batch[1] if len(batch) == 2 else None
+    raise TypeError(f"expected a batch that is a tensor, (x,) or (x, context), got {type(batch).__name__}")
+
+
+def batch_size_of(batch: object) -> int:
+    """Number of samples in a batch (its first tensor's leading size; 1 for ``None`` or non-tensors)."""
+    if isinstance(batch, Tensor):
+        return int(batch.shape[0]) if batch.dim() else 1
+    if isinstance(batch, (tuple, list)) and batch and isinstance(batch[0], Tensor) and batch[0].dim():
+        return int(batch[0].shape[0])
+    return 1
+
+
+class Objective:
+    """Base class of training objectives (see the module docstring for the protocol).
+
+    Subclasses implement :meth:`__call__`; override :meth:`evaluate` for a validation measure that
+    is not the average training loss. Objectives may be :class:`torch.nn.Module` subclasses too
+    (their parameters are then not optimised unless passed to the optimizer).
+    """
+
+    def __call__(self, model: nn.Module, batch: object) -> ObjectiveOutput:
+        """Loss of one batch (a scalar tensor), optionally with a dict of scalar metrics."""
+        raise NotImplementedError(f"{type(self).__name__} does not implement __call__")
+
+    def evaluate(self, model: nn.Module, batches: Iterable[object]) -> dict[str, float]:
+        """Validation measures, by default the sample-weighted means of the loss and metrics.
+
+        Called by the trainer inside ``flows.evaluating(model)`` and ``torch.no_grad()``.
+        """
+        totals: dict[str, float] = {}
+        count = 0
+        for batch in batches:
+            loss, metrics = _as_output(self(model, batch))
+            n = batch_size_of(batch)
+            for name, value in {"loss": loss, **metrics}.items():
+                totals[name] = totals.get(name, 0.0) + float(value) * n
+            count += n
+        if count == 0:
+            return {}
+        return {name: total / count for name, total in totals.items()}
+
+    def __repr__(self) -> str:
+        return f"{type(self).__name__}()"
+
+
+def _as_output(out: ObjectiveOutput) -> tuple[Tensor, dict[str, Tensor]]:
+    if isinstance(out, Tensor):
+        return out, {}
+    if isinstance(out, tuple) and len(out) == 2 and isinstance(out[0], Tensor) and isinstance(out[1], dict):
+        return out
+    raise TypeError(f"an objective must return a loss tensor or (loss, metrics), got {type(out).__name__}")
+
+
+class MaximumLikelihood(Objective):
+    r"""Maximum likelihood (forward KL) on data: :math:`L = -\frac1B \sum_b \log p(x_b \mid c_b)`.
+
+    With ``levels`` set, the batch holds integer data in ``0..levels-1`` (pixels, counts); it is
+    uniformly dequantized, :math:`x = (v + u)/K`, and the metric ``bits_per_dim`` reports the
+    dequantization bound :math:`-(\log p(x) - D\log K)/(D \ln 2)`. Validation draws the noise from
+    a fixed seed so that successive validations are comparable.
+
+    References:
+        Papamakarios, Nalisnick, Rezende, Mohamed, Lakshminarayanan (2021), "Normalizing Flows for
+        Probabilistic Modeling and Inference", JMLR, arXiv:1912.02762 (Section 2.3.1).
+        Theis, van den Oord, Bethge (2016), "A note on the evaluation of generative models", ICLR,
+        arXiv:1511.01844 (dequantization).
+
+    Args:
+        levels: number of discrete levels ``K`` of integer data (``None`` for continuous data).
+        eval_seed: seed of the dequantization noise during :meth:`evaluate`.
+
+    Example:
+        >>> import torch
+        >>> from flows import Affine, Flow, StandardNormal
+        >>> flow = Flow(Affine(2), StandardNormal(2))
+        >>> loss = MaximumLikelihood()(flow, (torch.zeros(4, 2),))
+        >>> round(loss.item(), 4)  # -log N(0; 0, I) in 2-D = log(2π)
+        1.8379
+    """
+
+    def __init__(self, *, levels: int | None = None, eval_seed: int = 0) -> None:
+        if levels is not None and (not isinstance(levels, int) or levels < 2):
+            raise ValueError(f"MaximumLikelihood: expected levels to be an int >= 2 or None, got {levels!r}")
+        self.levels = levels
+        self.eval_seed = eval_seed
+
+    def _inputs(self, model: nn.Module, batch: object) -> tuple[Tensor, Tensor | None]:
+        x, context = split_batch(batch)
+        dtype = next((p.dtype for p in model.parameters() if p.is_floating_point()), torch.get_default_dtype())
+        if self.levels is not None:
+            x = uniform_dequantize(x, self.levels, dtype=dtype)
+        elif not x.is_floating_point():
+            raise TypeError(
+                f"MaximumLikelihood: expected floating-point data, got dtype {x.dtype}; "
+                "for integer data pass levels=K to dequantize it"
+            )
+        return x, context
+
+    def __call__(self, model: nn.Module, batch: object) -> ObjectiveOutput:
+        x, context = self._inputs(model, batch)
+        log_p = model.log_prob(x, context) if context is not None else model.log_prob(x)
+        loss = -log_p.mean()
+        if self.levels is None:
+            return loss
+        dims = math.prod(x.shape[1:])
+        bpd = (loss.detach() / dims + math.log(self.levels)) / math.log(2)
+        return loss, {"bits_per_dim": bpd}
+
+    def evaluate(self, model: nn.Module, batches: Iterable[object]) -> dict[str, float]:
+        if self.levels is None:
+            return super().evaluate(model, batches)
+        devices = [p.device for p in model.parameters() if p.device.type == "cuda"][:1]
+        with torch.random.fork_rng(devices=devices):
+            torch.manual_seed(self.eval_seed)
+            return super().evaluate(model, batches)
+
+    def __repr__(self) -> str:
+        return f"MaximumLikelihood(levels={self.levels})"
+
+
+class WeightedSum(Objective):
+    r"""A weighted mixture of objectives on the same batch: :math:`L = \sum_k w_k L_k`.
+
+    Every term's loss is also logged as a metric named ``"{name}_loss"`` (and its own metrics as
+    ``"{name}_{metric}"``), where ``name`` is given or the term's class name in lower case.
+
+    Args:
+        terms: ``(weight, objective)`` or ``(weight, objective, name)`` tuples.
+
+    Example:
+        >>> import torch
+        >>> from flows import Affine, Flow, StandardNormal
+        >>> flow = Flow(Affine(2), StandardNormal(2))
+        >>> mix = WeightedSum([(0.5, MaximumLikelihood(), "a"), (0.5, MaximumLikelihood(), "b")])
+        >>> loss, metrics = mix(flow, (torch.zeros(4, 2),))
+        >>> round(loss.item(), 4), sorted(metrics)
+        (1.8379, ['a_loss', 'b_loss'])
+    """
+
+    def __init__(self, terms: Sequence[tuple]) -> None:
+        if not terms:
+            raise ValueError("WeightedSum: expected at least one (weight, objective) term, got none")
+        self.terms: list[tuple[float, Objective, str]] = []
+        for term in terms:
+            if not isinstance(term, tuple) or len(term) not in (2, 3) or not callable(term[1]):
+                raise TypeError(f"WeightedSum: expected (weight, objective[, name]) tuples, got {term!r}")
+            name = term[2] if len(term) == 3 else type(term[1]).__name__.lower()
+            self.terms.append((float(term[0]), term[1], name))
+        names = [name for _, _, name in self.terms]
+        if len(set(names)) != len(names):
+            raise ValueError(f"WeightedSum: expected distinct term names, got {names}; pass names explicitly")
+
+    def __call__(self, model: nn.Module, batch: object) -> ObjectiveOutput:
+        total: Tensor | None = None
+        logged: dict[str, Tensor] = {}
+        for weight, objective, name in self.terms:
+            loss, metrics = _as_output(objective(model, batch))
+            total = weight * loss if total is None else total + weight * loss
+            logged[f"{name}_loss"] = loss.detach()
+            logged.update({f"{name}_{key}": value for key, value in metrics.items()})
+        return total, logged
+
+    def __repr__(self) -> str:
+        inner = ", ".join(f"({w}, {o!r}, {n!r})" for w, o, n in self.terms)
+        return f"WeightedSum([{inner}])"

@@ -1,0 +1,146 @@
+"""Run directories: what ``flows fit`` leaves behind and what ``flows eval/sample/check`` read back.
+
+A run directory holds::
+
+    run.json          data spec, model config, fit settings, final test metrics
+    model.ckpt        the trained model (best weights), self-describing (config + data spec in its header)
+    checkpoint.ckpt   the resumable training state (``flows fit ... --resume``)
+    metrics.json/csv  the per-epoch history
+    *.png             training curves and pictures of samples
+
+The data spec is the set of :func:`flows.data.load_dataset` arguments, so the same splits come
+back. :func:`model_for_data` builds the model of a config for a data set, with the preprocessing
+that makes ``log_prob`` refer to the raw data: a logit layer for dequantized integer data, a
+:class:`~flows.bijections.Standardize` fitted on the training split for continuous data.
+"""
+
+from __future__ import annotations
+
+import json
+import math
+import os
+from pathlib import Path
+from typing import Any
+
+import torch
+from torch import Tensor, nn
+
+from flows.bijections.standardize import Standardize
+from flows.data.dataset import Dataset, load_dataset
+from flows.data.dequantization import uniform_dequantize
+from flows.flow import evaluating
+from flows.train._atomic import atomic_write_text
+from flows.train.checkpoint import load_model, read_checkpoint_header
+from flows.train.config import build_model, model_config
+
+__all__ = ["evaluate_log_likelihood", "load_run", "model_for_data", "read_run_file", "write_run_file"]
+
+
+def model_for_data(
+    data: Dataset,
+    builder: str = "RealNVP",
+    *,
+    standardize: bool = True,
+    logit_alpha: float = 0.05,
+    **options: Any,
+) -> tuple[nn.Module, dict[str, Any]]:
+    """Build ``builder`` for a data set, with preprocessing inside the flow, and return ``(model, config)``.
+
+    Integer data with ``levels`` gets a ``Logit(alpha)`` layer (the dequantized values lie in
+    ``[0, 1)``); continuous data gets a :class:`~flows.bijections.Standardize` layer with the
+    training split's statistics (``standardize=False`` to skip it). Either way ``log_prob`` is the
+    density of the raw (dequantized) data, preprocessing log-determinant included.
+
+    Example:
+        >>> from flows.data import load_dataset
+        >>> data = load_dataset("iris")
+        >>> model, config = model_for_data(data, "RealNVP", transforms=2, hidden=[16])
+        >>> [p["layer"] for p in config["preprocessing"]], model.log_prob(data.test).shape
+        (['Standardize'], torch.Size([30]))
+    """
+    if data.levels is not None:
+        preprocessing = [("Logit", {"alpha": logit_alpha})]
+    else:
+        preprocessing = ["Standardize"] if standardize else []
+    config = model_config(builder, data.features, preprocessing=preprocessing, **options)
+    model = build_model(config)
+    if data.levels is None and standardize:
+        fitted = Standardize.fit(data.train.reshape(len(data.train), -1))
+        layer = next(m for m in model.modules() if isinstance(m, Standardize))
+        layer.loc.copy_(fitted.loc)
+        layer.scale.copy_(fitted.scale)
+    return model, config
+
+
+def write_run_file(directory: str | os.PathLike, content: dict[str, Any]) -> Path:
+    """Write ``run.json`` atomically."""
+    return atomic_write_text(Path(directory) / "run.json", json.dumps(content, indent=1, default=str) + "\n")
+
+
+def read_run_file(directory: str | os.PathLike) -> dict[str, Any]:
+    """Read ``run.json`` (an empty dict when there is none)."""
+    path = Path(directory) / "run.json"
+    return json.loads(path.read_text(encoding="utf-8")) if path.is_file() else {}
+
+
+def load_run(run: str | os.PathLike, *, data_dir: str | os.PathLike | None = None) -> tuple[nn.Module, Dataset | None]:
+    """The trained model of a run directory (or a ``model.ckpt`` file) and its data set.
+
+    Raises:
+        FileNotFoundError: when there is no model in the run.
+    """
+    path = Path(run)
+    if path.is_dir():
+        candidates = [path / "model.ckpt", path / "checkpoint.ckpt"]
+        found = next((c for c in candidates if c.is_file()), None)
+        if found is None:
+            raise FileNotFoundError(
+                f"no model.ckpt or checkpoint.ckpt in {str(path)!r}: is it a flows fit run directory?"
+            )
+        path = found
+    header = read_checkpoint_header(path)
+    model = load_model(path)
+    spec = header.get("info", {}).get("data")
+    data = None
+    if spec is not None:
+        spec = dict(spec)
+        if data_dir is not None:
+            spec["data_dir"] = str(data_dir)
+        data = load_dataset(**spec)
+    return model, data
+
+
+@torch.no_grad()
+def evaluate_log_likelihood(
+    model: nn.Module, x: Tensor, *, levels: int | None = None, draws: int = 1, batch_size: int = 1024, seed: int = 0
+) -> dict[str, float]:
+    """Average test log-likelihood (nats) with its standard error, and bits/dim for dequantized data.
+
+    For integer data (``levels``) every sample is dequantized ``draws`` times with noise from
+    ``seed`` and the log-likelihoods are averaged over draws (the dequantization bound).
+
+    Returns:
+        ``{"log_likelihood", "stderr", "n"}`` plus ``"bits_per_dim"`` with ``levels``.
+    """
+    anchor = next(iter(model.parameters()))
+    generator = torch.Generator().manual_seed(seed)
+    per_sample = torch.zeros(len(x), dtype=torch.float64)
+    with evaluating(model):
+        for _ in range(draws if levels is not None else 1):
+            for start in range(0, len(x), batch_size):
+                chunk = x[start : start + batch_size]
+                if levels is not None:
+                    chunk = uniform_dequantize(chunk, levels, generator=generator, dtype=torch.float64)
+                log_p = model.log_prob(chunk.to(anchor.device, anchor.dtype))
+                per_sample[start : start + len(chunk)] += log_p.double().cpu()
+    per_sample /= draws if levels is not None else 1
+    n = len(per_sample)
+    result = {
+        "log_likelihood": float(per_sample.mean()),
+        "stderr": float(per_sample.std() / math.sqrt(n)) if n > 1 else math.nan,
+        "n": n,
+    }
+    if levels is not None:
+        dims = math.prod(x.shape[1:])
+        result["bits_per_dim"] = -(result["log_likelihood"] - dims * math.log(levels)) / (dims * math.log(2))
+    return result

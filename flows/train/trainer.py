@@ -1,0 +1,545 @@
+r"""The training loop shared by every objective: :class:`Trainer`.
+
+One loop, whatever is minimised (maximum likelihood on data, reverse KL on an energy target, a
+mixture): the objective computes the loss of a batch (:mod:`flows.train.objectives`) and the loop
+does the rest, identically for all of them:
+
+* optimizer steps with optional gradient clipping, learning-rate schedules (per epoch or per step;
+  ``ReduceLROnPlateau`` receives the monitored metric), auxiliary losses that transforms hand over
+  through :mod:`flows.auxiliary` (added to the loss and logged as ``aux_<name>``);
+* validation in eval mode (``flows.evaluating``: every module's mode is restored afterwards) and
+  without gradients;
+* the NaN/Inf guard (:class:`~flows.train.guard.NonFiniteGuard`);
+* a metrics history (JSON/CSV through :class:`~flows.train.callbacks.MetricsLogger`) and callbacks
+  (early stopping with best-weights restore, printing, your own);
+* a ``tqdm`` progress bar, shown only when standard error is a terminal;
+* atomic checkpoints every ``checkpoint_every`` seconds (or steps) and at the end, holding
+  everything an exact resume needs: weights, optimizer, scheduler, callbacks, history, counters,
+  the loader position and the random generator states (:meth:`Trainer.resume`);
+* multi-process data parallelism when ``torch.distributed`` is initialised
+  (:mod:`flows.train.distributed`).
+"""
+
+from __future__ import annotations
+
+import math
+import os
+import sys
+import time
+from collections.abc import Callable, Iterable, Iterator, Sequence
+from pathlib import Path
+from typing import Any
+
+import torch
+import torch.distributed as dist
+from torch import Tensor, nn
+from torch.optim import Optimizer
+
+from flows.auxiliary import AuxiliaryLosses
+from flows.data.loader import TensorLoader
+from flows.flow import evaluating
+from flows.train.callbacks import Callback
+from flows.train.checkpoint import (
+    CheckpointError,
+    capture_rng_state,
+    load_checkpoint,
+    restore_rng_state,
+    save_checkpoint,
+)
+from flows.train.distributed import ObjectiveModule, all_reduce_weighted_mean, get_rank, get_world_size
+from flows.train.guard import NonFiniteGuard
+from flows.train.history import History
+from flows.train.objectives import MaximumLikelihood, Objective, _as_output, batch_size_of
+
+__all__ = ["Trainer"]
+
+Data = Tensor | Sequence[Tensor] | TensorLoader | Iterable[Any] | None
+
+
+def _to_device(batch: object, device: torch.device) -> object:
+    if isinstance(batch, Tensor):
+        return batch.to(device, non_blocking=True)
+    if isinstance(batch, (tuple, list)):
+        return type(batch)(_to_device(b, device) for b in batch)
+    return batch
+
+
+def _tensors(data: object) -> tuple[Tensor, ...] | None:
+    if isinstance(data, Tensor):
+        return (data,)
+    if isinstance(data, (tuple, list)) and data and all(isinstance(t, Tensor) for t in data):
+        return tuple(data)
+    return None
+
+
+class Trainer:
+    r"""Train a model by minimising an objective over batches, with validation, checkpoints and a NaN guard.
+
+    Args:
+        model: the model (for :class:`~flows.train.MaximumLikelihood`, anything with ``log_prob``).
+        objective: the loss of a batch (default: maximum likelihood on continuous data).
+        optimizer: an optimizer over the model's parameters, or a factory ``params -> optimizer``
+            (default: Adam with learning rate ``lr``).
+        lr: learning rate of the default optimizer.
+        scheduler: a learning-rate scheduler or a factory ``optimizer -> scheduler``.
+        scheduler_interval: step the scheduler after every ``"epoch"`` or every ``"step"``.
+        clip_grad_norm: clip the global gradient norm to this value (``None``: no clipping; the
+            norm is still computed, for the guard and the ``grad_norm`` metric).
+        guard: the NaN/Inf guard (``None`` for the default :class:`NonFiniteGuard`, ``False`` to
+            disable it: then a non-finite loss raises at once).
+        callbacks: :class:`~flows.train.callbacks.Callback` instances, called in order.
+        progress: show a ``tqdm`` bar (``None``: only when standard error is a terminal).
+        checkpoint: file to write resumable checkpoints to (``None``: no checkpoints).
+        checkpoint_every: seconds between checkpoints (also written at the end of :meth:`fit`).
+        checkpoint_every_steps: also write a checkpoint every this many steps.
+        config: model config stored in checkpoints so that :func:`flows.train.load_model` can
+            rebuild the model (see :func:`flows.train.model_config`).
+        info: extra JSON facts stored in checkpoint headers (data set name, ...).
+        find_unused_parameters: passed to ``DistributedDataParallel`` in multi-process runs.
+
+    Example:
+        >>> import torch
+        >>> from flows import RealNVP
+        >>> torch.manual_seed(0)  # doctest: +ELLIPSIS
+        <torch._C.Generator object at ...>
+        >>> data = torch.randn(256, 2) * torch.tensor([2.0, 0.5])
+        >>> trainer = Trainer(RealNVP(2, transforms=2, hidden=(16,)), lr=1e-2)
+        >>> history = trainer.fit(data[:200], data[200:], epochs=3, batch_size=50)
+        >>> len(history), sorted(history.last())[:3]
+        (3, ['epoch', 'grad_norm', 'loss'])
+    """
+
+    def __init__(
+        self,
+        model: nn.Module,
+        objective: Objective | Callable[..., Any] | None = None,
+        *,
+        optimizer: Optimizer | Callable[[Iterable[nn.Parameter]], Optimizer] | None = None,
+        lr: float = 1e-3,
+        scheduler: Any = None,
+        scheduler_interval: str = "epoch",
+        clip_grad_norm: float | None = None,
+        guard: NonFiniteGuard | bool | None = None,
+        callbacks: Sequence[Callback] = (),
+        progress: bool | None = None,
+        checkpoint: str | os.PathLike | None = None,
+        checkpoint_every: float = 30.0,
+        checkpoint_every_steps: int | None = None,
+        config: dict[str, Any] | None = None,
+        info: dict[str, Any] | None = None,
+        find_unused_parameters: bool = False,
+    ) -> None:
+        if not isinstance(model, nn.Module):
+            raise TypeError(f"Trainer: expected an nn.Module as model, got {type(model).__name__}")
+        if scheduler_interval not in ("epoch", "step"):
+            raise ValueError(f"Trainer: expected scheduler_interval 'epoch' or 'step', got {scheduler_interval!r}")
+        if clip_grad_norm is not None and not clip_grad_norm > 0:
+            raise ValueError(f"Trainer: expected clip_grad_norm > 0 or None, got {clip_grad_norm}")
+        for cb in callbacks:
+            if not isinstance(cb, Callback):
+                raise TypeError(f"Trainer: expected Callback instances, got {type(cb).__name__}")
+        self.model = model
+        self.objective = objective if objective is not None else MaximumLikelihood()
+        params = [p for p in model.parameters() if p.requires_grad]
+        if isinstance(optimizer, Optimizer):
+            self.optimizer = optimizer
+        elif optimizer is None:
+            self.optimizer = torch.optim.Adam(params, lr=lr)
+        else:
+            self.optimizer = optimizer(params)
+        self.scheduler = (
+            scheduler(self.optimizer) if callable(scheduler) and not hasattr(scheduler, "step") else scheduler
+        )
+        self.scheduler_interval = scheduler_interval
+        self.clip_grad_norm = clip_grad_norm
+        self.guard: NonFiniteGuard | None = (
+            NonFiniteGuard() if guard is None or guard is True else (guard if guard is not False else None)
+        )
+        self.callbacks = list(callbacks)
+        self.progress = progress
+        self.checkpoint = Path(checkpoint) if checkpoint is not None else None
+        self.checkpoint_every = checkpoint_every
+        self.checkpoint_every_steps = checkpoint_every_steps
+        self.config, self.info = config, dict(info or {})
+        self.history = History()
+        self.epoch = 0  # completed epochs
+        self.epoch_step = 0  # steps done in the current epoch
+        self.step = 0  # steps done in total (skipped ones included)
+        self.elapsed = 0.0  # training seconds over all sessions of this run
+        self.should_stop = False
+        self.epochs_target: int | None = None
+        self._epoch_sums: dict[str, float] = {}
+        self._epoch_count = 0
+        self.rank, self.world_size = get_rank(), get_world_size()
+        self.device = next((p.device for p in model.parameters()), torch.device("cpu"))
+        self._params = params
+        self._forward: Callable[[object], Any] = lambda batch: self.objective(self.model, batch)
+        if self.world_size > 1:
+            from torch.nn.parallel import DistributedDataParallel
+
+            wrapped = ObjectiveModule(model, self.objective)
+            self._ddp = DistributedDataParallel(
+                wrapped,
+                device_ids=[self.device.index] if self.device.type == "cuda" else None,
+                find_unused_parameters=find_unused_parameters,
+            )
+            self._forward = self._ddp
+
+    # -- properties ------------------------------------------------------------------------------
+    @property
+    def is_main_process(self) -> bool:
+        """Whether this process writes files (rank 0)."""
+        return self.rank == 0
+
+    @property
+    def lr(self) -> float:
+        """Current learning rate of the first parameter group."""
+        return float(self.optimizer.param_groups[0]["lr"])
+
+    # -- state -----------------------------------------------------------------------------------
+    def state_dict(self) -> dict[str, Any]:
+        """Everything an exact resume needs (tensors and plain containers only)."""
+        return {
+            "trainer": {
+                "epoch": self.epoch,
+                "epoch_step": self.epoch_step,
+                "step": self.step,
+                "elapsed": self.elapsed,
+                "epoch_sums": dict(self._epoch_sums),
+                "epoch_count": self._epoch_count,
+            },
+            "model": self.model.state_dict(),
+            "optimizer": self.optimizer.state_dict(),
+            "scheduler": self.scheduler.state_dict() if self.scheduler is not None else None,
+            "guard": self.guard.state_dict() if self.guard is not None else None,
+            "callbacks": [cb.state_dict() for cb in self.callbacks],
+            "history": self.history.state_dict(),
+            "rng": capture_rng_state(),
+        }
+
+    def load_state_dict(self, state: dict[str, Any]) -> None:
+        """Restore what :meth:`state_dict` returned (model, optimizer, counters, RNG states, ...)."""
+        t = state["trainer"]
+        self.epoch, self.epoch_step, self.step = int(t["epoch"]), int(t["epoch_step"]), int(t["step"])
+        self.elapsed = float(t["elapsed"])
+        self._epoch_sums, self._epoch_count = dict(t["epoch_sums"]), int(t["epoch_count"])
+        self.model.load_state_dict(state["model"])
+        self.optimizer.load_state_dict(state["optimizer"])
+        if self.scheduler is not None and state["scheduler"] is not None:
+            self.scheduler.load_state_dict(state["scheduler"])
+        if self.guard is not None and state["guard"] is not None:
+            self.guard.load_state_dict(state["guard"])
+        if len(state["callbacks"]) != len(self.callbacks):
+            raise CheckpointError(
+                f"the checkpoint has state for {len(state['callbacks'])} callbacks, this trainer has "
+                f"{len(self.callbacks)}; resume with the same callbacks"
+            )
+        for cb, cb_state in zip(self.callbacks, state["callbacks"], strict=True):
+            cb.load_state_dict(cb_state)
+        self.history.load_state_dict(state["history"])
+        restore_rng_state(state["rng"])
+
+    def save(self, path: str | os.PathLike | None = None) -> Path | None:
+        """Write a resumable checkpoint atomically (rank 0 only; returns the path, ``None`` elsewhere)."""
+        path = Path(path) if path is not None else self.checkpoint
+        if path is None:
+            raise ValueError("Trainer.save: expected a path (no checkpoint file was configured)")
+        if not self.is_main_process:
+            return None
+        info = {**self.info, "epoch": self.epoch, "step": self.step, "last": _json_safe(self.history.last())}
+        return save_checkpoint(path, self.state_dict(), config=self.config, kind="training", info=info)
+
+    def resume(self, path: str | os.PathLike | None = None) -> Trainer:
+        """Load a checkpoint written by :meth:`save`; the next :meth:`fit` continues the same run.
+
+        Call :meth:`fit` with the same data, batch size, seed and callbacks as the original run;
+        ``epochs``, ``max_steps`` and ``time_budget`` count the whole run, not the resumed part.
+        """
+        path = Path(path) if path is not None else self.checkpoint
+        if path is None:
+            raise ValueError("Trainer.resume: expected a path (no checkpoint file was configured)")
+        checkpoint = load_checkpoint(path, map_location=self.device)
+        if checkpoint.header.get("kind") != "training":
+            raise CheckpointError(
+                f"{str(path)!r} is a {checkpoint.header.get('kind')!r} checkpoint, not a training one"
+            )
+        self.load_state_dict(checkpoint.state)
+        return self
+
+    # -- data ------------------------------------------------------------------------------------
+    def _train_loader(self, train: Data, batch_size: int, seed: int, shuffle: bool) -> object:
+        tensors = _tensors(train)
+        if tensors is not None:
+            return TensorLoader(
+                *tensors, batch_size=batch_size, shuffle=shuffle, seed=seed, rank=self.rank, world_size=self.world_size
+            )
+        return train
+
+    def _val_loader(self, val: Data, batch_size: int) -> object:
+        tensors = _tensors(val)
+        if tensors is not None:
+            if self.world_size > 1:
+                tensors = tuple(t[self.rank :: self.world_size] for t in tensors)
+            return TensorLoader(*tensors, batch_size=batch_size, shuffle=False)
+        return val
+
+    def _batches(self, loader: object, steps_per_epoch: int | None) -> Iterator[object]:
+        if isinstance(loader, TensorLoader):
+            loader.epoch, loader.position = self.epoch, self.epoch_step
+            yield from loader
+        elif loader is None:
+            for _ in range(self.epoch_step, steps_per_epoch):
+                yield None
+        else:
+            yield from loader
+
+    def _steps_per_epoch(self, loader: object, steps_per_epoch: int | None) -> int | None:
+        if loader is None:
+            return steps_per_epoch
+        try:
+            return len(loader)
+        except TypeError:
+            return None
+
+    # -- the loop --------------------------------------------------------------------------------
+    def fit(
+        self,
+        train: Data = None,
+        val: Data = None,
+        *,
+        epochs: int | None = None,
+        batch_size: int = 128,
+        val_batch_size: int | None = None,
+        max_steps: int | None = None,
+        time_budget: float | None = None,
+        steps_per_epoch: int | None = None,
+        seed: int = 0,
+        shuffle: bool = True,
+    ) -> History:
+        """Train until ``epochs``, ``max_steps`` or ``time_budget`` (whichever comes first) or a callback stops.
+
+        Args:
+            train: training data: a tensor, a tuple ``(x, context)`` of tensors, a
+                :class:`~flows.data.TensorLoader`, any iterable of batches (re-iterated every
+                epoch; resuming mid-epoch is exact only for tensors and ``TensorLoader``), or
+                ``None`` for objectives that need no data (then give ``steps_per_epoch``).
+            val: validation data in the same forms (``None``: no validation).
+            epochs: total number of epochs of the run (a resumed run counts the epochs before).
+            batch_size: samples per optimizer step, over all processes together.
+            val_batch_size: samples per validation batch (per process; default ``max(batch_size, 1024)``).
+            max_steps: total number of steps of the run.
+            time_budget: seconds of training over the whole run (checked after every step).
+            steps_per_epoch: steps per epoch when ``train`` is ``None``.
+            seed: seed of the shuffling of tensor data.
+            shuffle: shuffle tensor data every epoch.
+
+        Returns:
+            The metrics history (one record per epoch; a run stopped mid-epoch adds a record with a
+            fractional epoch).
+
+        Raises:
+            ValueError: when no stopping rule is given or ``train=None`` without ``steps_per_epoch``.
+            TrainingDiverged: when the NaN guard runs out of rollbacks.
+        """
+        if epochs is None and max_steps is None and time_budget is None:
+            raise ValueError("Trainer.fit: expected at least one of epochs, max_steps or time_budget")
+        if train is None and not steps_per_epoch:
+            raise ValueError("Trainer.fit: expected steps_per_epoch when there is no training data (train=None)")
+        loader = self._train_loader(train, batch_size, seed, shuffle)
+        val_loader = self._val_loader(val, val_batch_size or max(batch_size, 1024))
+        per_epoch = self._steps_per_epoch(loader, steps_per_epoch)
+        self.epochs_target = epochs
+        self.should_stop = False
+        session_start = time.perf_counter()
+        elapsed_before = self.elapsed
+        last_save = time.perf_counter()
+        bar = self._progress_bar(epochs, per_epoch, max_steps)
+        if not self.model.training:  # submodules a user put in eval mode on a training model stay so
+            self.model.train()
+        if self.guard is not None:
+            self.guard.snapshot(self.model, self.optimizer)
+        for cb in self.callbacks:
+            cb.on_fit_start(self)
+        stop_reason = None
+        try:
+            while stop_reason is None:
+                if epochs is not None and self.epoch >= epochs:
+                    stop_reason = "epochs"
+                    break
+                if self.epoch_step == 0:
+                    for cb in self.callbacks:
+                        cb.on_epoch_start(self)
+                finished_epoch = True
+                served = 0
+                for batch in self._batches(loader, steps_per_epoch):
+                    served += 1
+                    metrics = self._step(batch)
+                    self.epoch_step += 1
+                    self.elapsed = elapsed_before + time.perf_counter() - session_start
+                    for cb in self.callbacks:
+                        cb.on_step_end(self, metrics)
+                    if bar is not None:
+                        bar.update(1)
+                        if self.step % 25 == 0:
+                            bar.set_postfix(loss=f"{metrics['loss']:.4g}", refresh=False)
+                    want_stop = (max_steps is not None and self.step >= max_steps) or (
+                        time_budget is not None and self.elapsed >= time_budget
+                    )
+                    if self._agree(want_stop or self.should_stop):
+                        stop_reason = "callback" if self.should_stop else "budget"
+                        finished_epoch = per_epoch is not None and self.epoch_step >= per_epoch
+                        break
+                    if self.checkpoint is not None and (
+                        time.perf_counter() - last_save >= self.checkpoint_every
+                        or (self.checkpoint_every_steps and self.step % self.checkpoint_every_steps == 0)
+                    ):
+                        self.save()
+                        last_save = time.perf_counter()
+                if served == 0 and self.epoch_step == 0:
+                    raise ValueError("Trainer.fit: the training data yielded no batch in an epoch")
+                if finished_epoch:
+                    self.epoch += 1
+                    self.epoch_step = 0
+                fraction = None if finished_epoch else (self.epoch_step / per_epoch if per_epoch else 0.0)
+                self._end_epoch(val_loader, fraction)
+                if self.should_stop and stop_reason is None:
+                    stop_reason = "callback"
+                if self.checkpoint is not None and time.perf_counter() - last_save >= self.checkpoint_every:
+                    self.save()
+                    last_save = time.perf_counter()
+        except KeyboardInterrupt:
+            if self.checkpoint is not None:
+                self.save()
+            raise
+        finally:
+            if bar is not None:
+                bar.close()
+        for cb in self.callbacks:
+            cb.on_fit_end(self)
+        if self.checkpoint is not None:
+            self.save()
+        return self.history
+
+    def _progress_bar(self, epochs: int | None, per_epoch: int | None, max_steps: int | None):
+        show = self.progress if self.progress is not None else sys.stderr.isatty()
+        if not show or not self.is_main_process:
+            return None
+        from tqdm.auto import tqdm
+
+        total = max_steps
+        if epochs is not None and per_epoch is not None:
+            total = min(total or math.inf, epochs * per_epoch)
+        total = None if total is None or total == math.inf else int(total)
+        return tqdm(total=total, initial=min(self.step, total or self.step), unit="step", dynamic_ncols=True)
+
+    def _agree(self, flag: bool) -> bool:
+        """``flag`` on any process means stop on every process."""
+        if self.world_size == 1:
+            return flag
+        t = torch.tensor([float(flag)], device=self.device)
+        dist.all_reduce(t, op=dist.ReduceOp.MAX)
+        return bool(t.item())
+
+    def _grad_norm(self) -> Tensor:
+        grads = [p.grad for p in self._params if p.grad is not None]
+        if self.clip_grad_norm is not None:
+            return torch.nn.utils.clip_grad_norm_(self._params, self.clip_grad_norm)
+        if not grads:
+            return torch.zeros(())
+        return torch.linalg.vector_norm(torch.stack(torch._foreach_norm(grads)))
+
+    def _step(self, batch: object) -> dict[str, float]:
+        batch = _to_device(batch, self.device)
+        self.step += 1
+        with AuxiliaryLosses() as aux:
+            loss, metrics = _as_output(self._forward(batch))
+        total = loss
+        if len(aux):
+            total = loss + aux.total()
+            metrics = {**metrics, **{f"aux_{name}": value.detach() for name, value in aux.by_name().items()}}
+        finite = bool(torch.isfinite(total))
+        if not finite and self.guard is None:
+            raise FloatingPointError(
+                f"step {self.step}: non-finite loss {float(total.detach())} (the NaN guard is off)"
+            )
+        self.optimizer.zero_grad(set_to_none=True)
+        grad_norm = math.nan
+        if finite or self.world_size > 1:  # in multi-process runs every process joins the gradient all-reduce
+            total.backward()
+            grad_norm = float(self._grad_norm())
+        ok = finite and math.isfinite(grad_norm)
+        if self.world_size > 1:
+            ok = not self._agree(not ok)
+        if ok:
+            self.optimizer.step()
+            if self.scheduler is not None and self.scheduler_interval == "step":
+                self.scheduler.step()
+            if self.guard is not None:
+                self.guard.good_step(self.model, self.optimizer)
+            self._accumulate(loss, metrics, grad_norm, batch_size_of(batch))
+        else:
+            self.optimizer.zero_grad(set_to_none=True)
+            if self.guard is None:
+                raise FloatingPointError(f"step {self.step}: non-finite gradient norm (the NaN guard is off)")
+            reason = "non-finite loss" if not finite else "non-finite gradient"
+            message = self.guard.bad_step(self.model, self.optimizer, self.step, reason)
+            self._epoch_sums["skipped"] = self._epoch_sums.get("skipped", 0.0) + 1
+            if message is not None:
+                self.history.event(self.step, message)
+                if self.scheduler is not None and hasattr(self.scheduler, "base_lrs"):
+                    self.scheduler.base_lrs = [lr * self.guard.lr_factor for lr in self.scheduler.base_lrs]
+        return {"loss": float(loss.detach()), "skipped": float(not ok)}
+
+    def _accumulate(self, loss: Tensor, metrics: dict[str, Tensor], grad_norm: float, n: int) -> None:
+        sums = self._epoch_sums
+        sums["loss"] = sums.get("loss", 0.0) + float(loss.detach()) * n
+        for name, value in metrics.items():
+            sums[name] = sums.get(name, 0.0) + float(value) * n
+        sums["grad_norm"] = sums.get("grad_norm", 0.0) + grad_norm * n
+        self._epoch_count += n
+
+    def _end_epoch(self, val_loader: object, fraction: float | None) -> None:
+        sums, count = self._epoch_sums, self._epoch_count
+        record: dict[str, float] = {"epoch": self.epoch if fraction is None else self.epoch + fraction}
+        record["step"] = self.step
+        means = {k: v / count for k, v in sums.items() if k != "skipped"} if count else {}
+        means = all_reduce_weighted_mean(means, float(count), self.device)
+        record.update(means)
+        if sums.get("skipped"):
+            record["skipped"] = sums["skipped"]
+        if val_loader is not None:
+            record.update({f"val_{k}": v for k, v in self.evaluate(val_loader).items()})
+        record["lr"] = self.lr
+        record["time"] = self.elapsed
+        self.history.append(record)
+        if fraction is None:
+            self._epoch_sums, self._epoch_count = {}, 0
+        if self.scheduler is not None and self.scheduler_interval == "epoch" and fraction is None:
+            if isinstance(self.scheduler, torch.optim.lr_scheduler.ReduceLROnPlateau):
+                self.scheduler.step(record.get("val_loss", record.get("loss", math.inf)))
+            else:
+                self.scheduler.step()
+        for cb in self.callbacks:
+            cb.on_epoch_end(self, record)
+
+    def evaluate(self, data: Data, *, batch_size: int = 1024) -> dict[str, float]:
+        """The objective's validation measures on ``data``, in eval mode, without gradients.
+
+        In multi-process runs each process evaluates its share and the results are averaged.
+        """
+        loader = (
+            data if isinstance(data, TensorLoader) or _tensors(data) is None else self._val_loader(data, batch_size)
+        )
+        count = loader.num_samples if isinstance(loader, TensorLoader) else 1
+        with evaluating(self.model), torch.no_grad():
+            batches = (_to_device(b, self.device) for b in loader)
+            evaluate = getattr(self.objective, "evaluate", None)
+            if evaluate is None:  # a plain callable objective: average its loss
+                metrics = Objective.evaluate(self.objective, self.model, batches)
+            else:
+                metrics = evaluate(self.model, batches)
+        return all_reduce_weighted_mean(metrics, float(count), self.device)
+
+
+def _json_safe(record: dict[str, float]) -> dict[str, float | None]:
+    return {k: (v if isinstance(v, (int, float)) and math.isfinite(v) else None) for k, v in record.items()}

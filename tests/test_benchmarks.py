@@ -1,0 +1,19 @@
+"""Benchmarks run end to end at toy sizes (their numbers are not asserted: speed is not a test)."""
+
+from __future__ import annotations
+
+import runpy
+from pathlib import Path
+
+BENCHMARKS = Path(__file__).resolve().parents[1] / "benchmarks"
+
+
+def _main(name: str):
+    return runpy.run_path(str(BENCHMARKS / name), run_name="benchmark")["main"]
+
+
+def test_step_overhead_smoke(capsys) -> None:
+    argv = ["--features", "8", "--batch", "16", "--transforms", "2", "--hidden", "8", "--repeats", "1", "--steps", "1"]
+    ratios = _main("step_overhead.py")(argv)
+    assert ratios["floor (bare conditioners)"] == 1.0 and ratios["flows RealNVP"] > 0
+    assert "flows RealNVP" in capsys.readouterr().out

@@ -1,0 +1,206 @@
+"""Checkpoints: exact resume, integrity checks, atomic writes, and loading that never runs code."""
+
+from __future__ import annotations
+
+import hashlib
+import io
+import json
+import os
+import pickle
+from pathlib import Path
+
+import pytest
+import torch
+
+import flows
+from flows.train import (
+    CheckpointError,
+    EarlyStopping,
+    MaximumLikelihood,
+    Trainer,
+    build_model,
+    load_checkpoint,
+    load_model,
+    model_config,
+    read_checkpoint_header,
+    save_checkpoint,
+    save_model,
+)
+from flows.train import checkpoint as checkpoint_module
+
+SENTINEL_ENV = "FLOWS_TEST_SENTINEL"
+
+
+@pytest.fixture(autouse=True)
+def _one_thread():
+    threads = torch.get_num_threads()
+    torch.set_num_threads(1)
+    yield
+    torch.set_num_threads(threads)
+
+
+def _levels_data(n: int = 120) -> torch.Tensor:
+    g = torch.Generator().manual_seed(0)
+    return torch.randint(0, 4, (n, 4), generator=g, dtype=torch.uint8)
+
+
+def _trainer(path: Path | None = None) -> Trainer:
+    config = model_config("RealNVP", 4, transforms=2, hidden=[8], preprocessing=[("Logit", {"alpha": 0.05})])
+    torch.manual_seed(0)
+    return Trainer(
+        build_model(config),
+        MaximumLikelihood(levels=4),
+        lr=1e-2,
+        scheduler=lambda opt: torch.optim.lr_scheduler.StepLR(opt, 2, gamma=0.5),
+        callbacks=[EarlyStopping(patience=50)],
+        checkpoint=path,
+        config=config,
+    )
+
+
+def _params(model: torch.nn.Module) -> dict[str, torch.Tensor]:
+    return {k: v.clone() for k, v in model.state_dict().items()}
+
+
+def test_resume_mid_epoch_is_bitwise_identical(tmp_path: Path) -> None:
+    """Uninterrupted vs stopped after 7 steps (mid-epoch), saved, rebuilt from scratch and resumed."""
+    x = _levels_data()
+    full = _trainer()
+    full.fit(x[:100], x[100:], epochs=3, batch_size=25)
+    reference = _params(full.model)
+
+    first = _trainer(tmp_path / "run.ckpt")
+    first.fit(x[:100], x[100:], epochs=3, batch_size=25, max_steps=7)
+    torch.manual_seed(123)  # the resumed process starts with different random state
+    resumed = _trainer(tmp_path / "run.ckpt").resume()
+    assert resumed.step == 7 and resumed.epoch == 1 and resumed.epoch_step == 3
+    history = resumed.fit(x[:100], x[100:], epochs=3, batch_size=25)
+    for name, value in _params(resumed.model).items():
+        assert torch.equal(value, reference[name]), name
+    assert history["epoch"] == [1, 1.75, 2, 3]
+    assert history["val_loss"][-1] == full.history["val_loss"][-1]
+
+
+def test_model_checkpoint_rebuilds_the_model_from_json(tmp_path: Path) -> None:
+    config = model_config("NICE", 3, transforms=2, hidden=[8], preprocessing=["Reverse"])
+    model = build_model(config)
+    flows.testing.perturb_parameters(model)
+    path = save_model(model, tmp_path / "m.ckpt", config, info={"data": "toy"})
+    header = read_checkpoint_header(path)
+    assert header["kind"] == "model" and header["config"] == config and header["info"] == {"data": "toy"}
+    x = torch.randn(5, 3)
+    torch.testing.assert_close(load_model(path).log_prob(x), model.log_prob(x), rtol=0, atol=0)
+
+
+def test_training_checkpoint_header_is_plain_json(tmp_path: Path) -> None:
+    trainer = _trainer(tmp_path / "c.ckpt")
+    trainer.fit(_levels_data(), epochs=1, batch_size=30)
+    raw = (tmp_path / "c.ckpt").read_bytes()
+    length = int.from_bytes(raw[10:18], "little")
+    header = json.loads(raw[18 : 18 + length])
+    assert header["kind"] == "training" and header["info"]["epoch"] == 1 and header["config"]["builder"] == "RealNVP"
+
+
+def test_truncated_and_tampered_checkpoints_are_rejected(tmp_path: Path) -> None:
+    path = save_checkpoint(tmp_path / "c.ckpt", {"w": torch.arange(1000.0)}, kind="model")
+    raw = path.read_bytes()
+    for cut in (5, 15, len(raw) // 2, len(raw) - 1):
+        (tmp_path / "t.ckpt").write_bytes(raw[:cut])
+        with pytest.raises(CheckpointError, match=r"truncated|not a flows checkpoint|SHA-256"):
+            load_checkpoint(tmp_path / "t.ckpt")
+    for position in (len(raw) // 2, len(raw) - 40, 30):  # payload, end of payload, header
+        tampered = bytearray(raw)
+        tampered[position] ^= 0x01
+        (tmp_path / "x.ckpt").write_bytes(bytes(tampered))
+        with pytest.raises(CheckpointError):
+            load_checkpoint(tmp_path / "x.ckpt")
+    with pytest.raises(FileNotFoundError, match="no checkpoint at"):
+        load_checkpoint(tmp_path / "missing.ckpt")
+
+
+def test_a_checkpoint_without_config_says_how_to_load_it(tmp_path: Path) -> None:
+    path = save_checkpoint(tmp_path / "c.ckpt", {"model": {}}, kind="model")
+    with pytest.raises(CheckpointError, match=r"has no model config; build the model yourself"):
+        load_model(path)
+
+
+class _Exploit:
+    """Unpickling this writes a sentinel file: proof that code ran."""
+
+    def __init__(self, target: str) -> None:
+        self.target = target
+
+    def __reduce__(self):
+        return (Path.write_text, (Path(self.target), "pwned"))
+
+
+def test_malicious_pickles_never_run(tmp_path: Path) -> None:
+    sentinel = tmp_path / "pwned.txt"
+    exploit = {"model": _Exploit(str(sentinel))}
+    # the exploit works when unpickled naively (so the test would notice if loading ran it)
+    pickle.loads(pickle.dumps(exploit))
+    assert sentinel.exists()
+    sentinel.unlink()
+
+    # 1. a raw pickle, and a torch.save archive, under the checkpoint's name
+    (tmp_path / "raw.ckpt").write_bytes(pickle.dumps(exploit))
+    buffer = io.BytesIO()
+    torch.save(exploit, buffer)
+    (tmp_path / "torch.ckpt").write_bytes(buffer.getvalue())
+    for name in ("raw.ckpt", "torch.ckpt"):
+        with pytest.raises(CheckpointError, match="not a flows checkpoint"):
+            load_checkpoint(tmp_path / name)
+        with pytest.raises(CheckpointError):
+            load_model(tmp_path / name)
+
+    # 2. a well-formed container (valid header and checksum) whose payload is the exploit
+    header = json.dumps(
+        {
+            "format": "flows-checkpoint",
+            "version": 1,
+            "kind": "model",
+            "payload_bytes": len(buffer.getvalue()),
+            "config": None,
+        }
+    ).encode()
+    body = checkpoint_module.MAGIC + len(header).to_bytes(8, "little") + header + buffer.getvalue()
+    (tmp_path / "forged.ckpt").write_bytes(body + hashlib.sha256(body).digest())
+    with pytest.raises(CheckpointError, match="not plain tensors and containers; refused to load it"):
+        load_checkpoint(tmp_path / "forged.ckpt")
+    assert not sentinel.exists()
+
+
+def test_a_failed_write_leaves_the_previous_checkpoint_intact(tmp_path: Path, monkeypatch) -> None:
+    path = save_checkpoint(tmp_path / "c.ckpt", {"w": torch.ones(3)}, kind="model")
+
+    def crash(*args, **kwargs):
+        raise OSError("disk full (simulated)")
+
+    monkeypatch.setattr(os, "replace", crash)
+    with pytest.raises(OSError, match="simulated"):
+        save_checkpoint(path, {"w": torch.zeros(3)}, kind="model")
+    monkeypatch.undo()
+    assert torch.equal(load_checkpoint(path).state["w"], torch.ones(3))
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["c.ckpt"]  # no temporary file left behind
+
+
+def test_resume_requires_matching_callbacks_and_a_training_checkpoint(tmp_path: Path) -> None:
+    trainer = _trainer(tmp_path / "c.ckpt")
+    trainer.fit(_levels_data(), epochs=1, batch_size=30)
+    bare = Trainer(build_model(trainer.config))
+    with pytest.raises(CheckpointError, match="state for 1 callbacks, this trainer has 0"):
+        bare.resume(tmp_path / "c.ckpt")
+    save_model(trainer.model, tmp_path / "m.ckpt", trainer.config)
+    with pytest.raises(CheckpointError, match="is a 'model' checkpoint, not a training one"):
+        _trainer().resume(tmp_path / "m.ckpt")
+
+
+def test_config_errors_are_clear() -> None:
+    with pytest.raises(ValueError, match="unknown builder 'Nope'"):
+        model_config("Nope", 3)
+    with pytest.raises(ValueError, match="unknown preprocessing layer 'Bogus'"):
+        model_config("RealNVP", 3, preprocessing=["Bogus"])
+    with pytest.raises(TypeError, match="expected JSON values"):
+        model_config("RealNVP", 3, activation=torch.nn.Tanh)
+    with pytest.raises(ValueError, match="expected a dict with 'builder' and 'features'"):
+        build_model({"features": 3})
