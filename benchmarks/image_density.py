@@ -18,7 +18,7 @@ Contenders are trained in turn, one epoch each, round-robin, so that machine loa
 Times are training time only, single thread (``torch.set_num_threads(1)``). Test bits/dim averages
 several dequantization draws, in eval mode. With several seeds, means and standard deviations.
 
-    python benchmarks/image_density.py                     # 40 epochs, 3 seeds, all contenders
+    python benchmarks/image_density.py                     # 30 epochs, 3 seeds, all contenders
     python benchmarks/image_density.py --epochs 2 --seeds 1 --contenders ours/static/1x1 normflows
     python benchmarks/image_density.py --seeds 1 --first-seed 2   # one seed per run, to split a long job
 """
@@ -207,7 +207,7 @@ def run_seed(seed: int, names: list[str], args: argparse.Namespace, train: Tenso
 
 def main(argv: list[str] | None = None) -> dict[str, list[dict]]:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    parser.add_argument("--epochs", type=int, default=40)
+    parser.add_argument("--epochs", type=int, default=30)
     parser.add_argument("--seeds", type=int, default=3)
     parser.add_argument("--first-seed", type=int, default=0, help="seeds run: first-seed .. first-seed + seeds - 1")
     parser.add_argument("--levels", type=int, default=2)

@@ -10,7 +10,7 @@ import numpy as np
 import pytest
 import torch
 
-from flows.data import MNIST_LEVELS, VariationalDequantizer, load_mnist
+from flows.data import MNIST_LEVELS, VariationalDequantizer, load_dataset, load_mnist
 from flows.metrics import bits_per_dim
 from flows.testing import perturb_parameters
 
@@ -18,6 +18,8 @@ from flows.testing import perturb_parameters
 def test_missing_mnist_names_the_expected_file(tmp_path: Path) -> None:
     with pytest.raises(FileNotFoundError, match=r"expected the data file 'mnist\.npz'.*download\('mnist\.npz'\)"):
         load_mnist(tmp_path)
+    with pytest.raises(FileNotFoundError, match=r"'mnist\.npz'"):
+        load_dataset("mnist", data_dir=tmp_path)
 
 
 def test_a_corrupt_mnist_file_is_rejected(tmp_path: Path) -> None:
@@ -42,6 +44,9 @@ def test_real_mnist_when_the_data_directory_is_set() -> None:
     assert train.shape == (60000, 1, 28, 28) and test.shape == (10000, 1, 28, 28)
     assert train.dtype == torch.uint8 and int(train.max()) == MNIST_LEVELS - 1
     assert abs(float(train.float().mean()) / 255 - 0.13066) < 1e-4  # the documented pixel mean
+    data = load_dataset("mnist", val_fraction=0.1)
+    assert (len(data.train), len(data.val), len(data.test)) == (54000, 6000, 10000)
+    assert data.levels == 256 and data.event_shape == (784,) and data.image_shape == (28, 28)
 
 
 def _dequantizer(seed: int = 0) -> VariationalDequantizer:
