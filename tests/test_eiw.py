@@ -137,7 +137,8 @@ def test_eiw_log_det_is_hw_times_the_sum_of_log_weights() -> None:
     x = _mixed_channels((3, 4, 3, 3), torch.Generator().manual_seed(7))
     first = t.transforms[0]
     y, ladj_b = first.forward_and_log_det(x)
-    log_w_b = first.conditioner(x[:, :2])[:, 1::2, 0, 0]  # raw log-weights of channels 2, 3
+    log_w_b = first.conditioner(x[:, :2])[:, 2:, 0, 0]  # raw (shifts, log-weights) of channels 2, 3
+    assert not first.conditioner(x[:, :2])[:, :2].any()  # the shifts are zero: a pure weighting
     log_w_b = 2.0 * torch.tanh(log_w_b / 2.0)  # the clamp
     torch.testing.assert_close(y[:, 2:], x[:, 2:] * log_w_b.exp()[..., None, None])
     torch.testing.assert_close(ladj_b, 9 * log_w_b.sum(-1))

@@ -43,8 +43,8 @@ def test_the_split_prior_is_glows_conditional_gaussian() -> None:
     h, ladj_pre = pre.forward_and_log_det(x)
     keep = split.keep
     h_k, z_o = h[:, :keep], h[:, keep:]
-    raw = prior.conditioner(h_k).unflatten(1, (h.shape[1] - keep, 2))
-    shift, log_scale = raw[:, :, 0], 3.0 * torch.tanh(raw[:, :, 1] / 3.0)  # ε = z_o e^s + t
+    raw = prior.conditioner(h_k).unflatten(1, (2, h.shape[1] - keep))  # Coupling's layout: shifts, log-scales
+    shift, log_scale = raw[:, 0], 3.0 * torch.tanh(raw[:, 1] / 3.0)  # ε = z_o e^s + t
     mu, sigma = -shift * torch.exp(-log_scale), torch.exp(-log_scale)
     log_prior = torch.distributions.Normal(mu, sigma).log_prob(z_o).sum((1, 2, 3))
     z_inner, ladj_inner = split.transform.forward_and_log_det(h_k)

@@ -186,8 +186,7 @@ class _LogWeights(nn.Module):
 
     def forward(self, x: Tensor, context: Tensor | None = None) -> Tensor:
         log_w = self.net(x) if context is None else self.net(x, context)
-        params = torch.stack((torch.zeros_like(log_w), log_w), dim=-3)  # (*, n, 2, H, W): (shift, log-scale)
-        return params.flatten(-4, -3)
+        return torch.cat((torch.zeros_like(log_w), log_w), dim=-3)  # Coupling's layout: all shifts, then log-scales
 
 
 class EIWShuffle(Chain):
