@@ -3,7 +3,7 @@
 All contenders have the same multi-scale architecture on the 8×8 digits (17 grey levels): ``levels``
 scales of squeeze → ``steps`` × (ActNorm → 1×1 convolution → affine coupling) → split, with the
 same coupling network (3×3, 1×1, 3×3 convolutions with ``hidden`` channels, zero-initialised
-output), the same logit preprocessing (alpha 0.05, its log-determinant counted), the same uniform
+output), the same logit preprocessing (Glow's default alpha 1e-6, its log-determinant counted), the same uniform
 dequantization noise, batches, optimiser (Adam) and seeds. What differs is the library:
 
 * ``ours/...``: :class:`flows.Glow` (Glow's learned conditional prior at each split), with the
@@ -42,7 +42,7 @@ from flows.nn import ConvNet
 SHAPE = (1, 8, 8)
 OPTIONAL = ("ours/eiw/lu",)  # run only when named in --contenders
 DIMS = 64
-ALPHA = 0.05
+ALPHA = 1e-6
 
 
 class Contender:

