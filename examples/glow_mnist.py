@@ -124,7 +124,7 @@ def save_curve(history: list[dict], path: Path, target: float | None) -> None:
     fig, ax = plt.subplots(figsize=(6, 4))
     minutes = [h["time"] / 60 for h in history]
     ax.plot(minutes, [h["train_bpd"] for h in history], label="train (running mean)")
-    ax.plot(minutes, [h["test_bpd"] for h in history], "o-", label="test subset (EMA weights)")
+    ax.plot(minutes, [h["test_bpd"] for h in history], "o-", label="random test subset (EMA weights)")
     if target is not None:
         ax.axhline(target, color="gray", linestyle="--", label=f"target {target}")
     ax.set_xlabel("training time (minutes)")
@@ -155,7 +155,7 @@ def main(argv: list[str] | None = None) -> dict:
     parser.add_argument("--clip", type=float, default=50.0, help="gradient-norm clipping (per-dim loss)")
     parser.add_argument("--ema", type=float, default=0.999, help="decay of the weight average (0: off)")
     parser.add_argument("--eval-every", type=float, default=300.0, help="seconds between test-subset evaluations")
-    parser.add_argument("--eval-size", type=int, default=2000, help="test images in the periodic evaluations")
+    parser.add_argument("--eval-size", type=int, default=2000, help="random test images in the periodic evaluations")
     parser.add_argument("--train-limit", type=int, default=0, help="use only the first N training images")
     parser.add_argument("--test-limit", type=int, default=0, help="use only the first N test images")
     parser.add_argument("--target", type=float, default=1.20, help="bits/dim line drawn on the curve")
@@ -190,6 +190,8 @@ def main(argv: list[str] | None = None) -> dict:
         f"dequantization={args.dequantization}, {n_params} parameters, torch threads {torch.get_num_threads()}"
     )
 
+    # a fixed random subset of the test set for the periodic evaluations (the full set is scored at the end)
+    subset_index = torch.randperm(len(test), generator=torch.Generator().manual_seed(123))[: args.eval_size]
     ema: EMA | None = None
     history: list[dict] = []
     step, epoch, running, seen = 0, 0, 0.0, 0
@@ -231,7 +233,7 @@ def main(argv: list[str] | None = None) -> dict:
             if done or elapsed - last_eval >= args.eval_every:
                 last_eval = elapsed
                 scored = ema.model if ema else model
-                subset = test[: args.eval_size]
+                subset = test[subset_index]
                 test_bpd = test_bits_per_dim(scored, dequantizer, subset, levels, 256, seed=1)
                 train_bpd = float(bits_per_dim(torch.tensor(-running / seen), dims, levels))
                 running, seen = 0.0, 0
