@@ -153,9 +153,7 @@ def contender_builders(args: argparse.Namespace) -> dict[str, Callable[[], tuple
         "normflows": normflows_glow(args),
         "nflows": nflows_multiscale(args),
     }
-    if hasattr(flows, "CirculantDiagonal2d"):
-        builders["ours/static/circulant"] = ours("static", "circulant", args)
-        builders["ours/eiw/circulant"] = ours("eiw", "circulant", args)
+    builders["ours/static/circulant"] = ours("static", "circulant", args)
     return builders
 
 
@@ -233,8 +231,6 @@ def main(argv: list[str] | None = None) -> dict[str, list[dict]]:
         f"hidden={args.hidden}, {args.epochs} epochs, batch {args.batch_size}, lr {args.lr}, "
         f"{args.seeds} seed(s), torch threads {torch.get_num_threads()}"
     )
-    if not hasattr(flows, "CirculantDiagonal2d"):
-        print("(ours/*/circulant skipped: flows.CirculantDiagonal2d is not in this version)")
     results: dict[str, list[dict]] = {name: [] for name in names}
     for seed in range(args.first_seed, args.first_seed + args.seeds):
         for name, r in run_seed(seed, names, args, train, test).items():

@@ -4,7 +4,7 @@ Direction convention: a transform's forward direction maps data ``x`` to latent 
 ``log p(x) = log p_Z(f(x)) + log|det J_f(x)|``. Sampling runs the inverse.
 """
 
-from flows.architectures import NICE, Glow, RealNVP
+from flows.architectures import IAF, MAF, NICE, NSF, FreeFormInjectiveFlow, Glow, RealNVP
 from flows.auxiliary import AuxiliaryLosses, add_auxiliary_loss
 from flows.bijections import (
     ActNorm,
@@ -14,20 +14,31 @@ from flows.bijections import (
     Affine,
     AffineCoupling,
     AffineTransformer,
+    BatchNorm,
     Bijection,
     Chain,
+    CirculantDiagonal,
+    CirculantDiagonal2d,
     Coupling,
     EIWShuffle,
     Elementwise,
     EntropyPermutation,
     Flatten,
+    FreeFormInjective,
+    HMCBlock,
+    InjectiveLinear,
     Inverse,
     InverseNotAvailable,
     Invertible1x1Conv,
+    LangevinBlock,
     Logit,
     LULinear,
+    MaskedAutoregressive,
+    MetropolisBlock,
     Permutation,
+    RationalQuadraticSpline,
     Reverse,
+    SharedBlocks,
     Sigmoid,
     Split,
     Squeeze,
@@ -37,14 +48,18 @@ from flows.bijections import (
 from flows.dependent import DependentFlow, MatrixNormal
 from flows.distributions import DiagNormal, Distribution, StandardNormal
 from flows.flow import Flow, evaluating
-from flows.nn import MLP, ConvNet, PooledMLP
+from flows.nn import MADE, MLP, ConvNet, PooledMLP
 from flows.testing import BijectionCheckError, check_bijection
 
 __version__ = "0.1.0"
 
 __all__ = [
+    "IAF",
+    "MADE",
+    "MAF",
     "MLP",
     "NICE",
+    "NSF",
     "ActNorm",
     "ActNorm2d",
     "AdditiveCoupling",
@@ -53,9 +68,12 @@ __all__ = [
     "AffineCoupling",
     "AffineTransformer",
     "AuxiliaryLosses",
+    "BatchNorm",
     "Bijection",
     "BijectionCheckError",
     "Chain",
+    "CirculantDiagonal",
+    "CirculantDiagonal2d",
     "ConvNet",
     "Coupling",
     "DependentFlow",
@@ -66,17 +84,26 @@ __all__ = [
     "EntropyPermutation",
     "Flatten",
     "Flow",
+    "FreeFormInjective",
+    "FreeFormInjectiveFlow",
     "Glow",
+    "HMCBlock",
+    "InjectiveLinear",
     "Inverse",
     "InverseNotAvailable",
     "Invertible1x1Conv",
     "LULinear",
+    "LangevinBlock",
     "Logit",
+    "MaskedAutoregressive",
     "MatrixNormal",
+    "MetropolisBlock",
     "Permutation",
     "PooledMLP",
+    "RationalQuadraticSpline",
     "RealNVP",
     "Reverse",
+    "SharedBlocks",
     "Sigmoid",
     "Split",
     "Squeeze",

@@ -44,7 +44,16 @@ def _pictures(model: torch.nn.Module, data, directory: Path, name: str = "sample
 
 def fit(args: argparse.Namespace) -> int:
     from flows.data.dataset import load_dataset
-    from flows.train import EarlyStopping, MaximumLikelihood, MetricsLogger, PrintMetrics, Trainer, save_model
+    from flows.train import (
+        EarlyStopping,
+        MaximumLikelihood,
+        MetricsLogger,
+        PrintMetrics,
+        Trainer,
+        read_checkpoint_header,
+        save_model,
+    )
+    from flows.train.config import _architectures
     from flows.train.distributed import cleanup_distributed, init_distributed, is_distributed
     from flows.train.runs import evaluate_log_likelihood, model_for_data, write_run_file
 
@@ -72,6 +81,13 @@ def fit(args: argparse.Namespace) -> int:
         "test_fraction": args.test_fraction,
         "seed": args.seed,
     }
+    builder = _architectures().get(args.model)
+    if builder is not None and not getattr(builder, "likelihood_trainable", True):
+        raise ValueError(
+            f"flows fit trains by maximum likelihood, which is not how {args.model} is trained; "
+            "use its objective from Python (for FreeFormInjectiveFlow: "
+            "flows.train.Trainer(model, flows.train.FreeFormInjectiveObjective()))"
+        )
     data = load_dataset(**spec)
     say(f"data {data.describe()}")
     torch.manual_seed(args.seed)
@@ -104,6 +120,13 @@ def fit(args: argparse.Namespace) -> int:
         info={"data": spec},
     )
     if args.resume:
+        saved = read_checkpoint_header(checkpoint)
+        for what, now, before in (("model", config, saved.get("config")), ("data", spec, saved["info"].get("data"))):
+            if json.dumps(now, sort_keys=True) != json.dumps(before, sort_keys=True):
+                raise ValueError(
+                    f"--resume: the {what} settings differ from the run in {str(out)!r}: it has {before}, "
+                    f"this command asks for {now}; repeat the original command (see run.json) with --resume"
+                )
         trainer.resume()
         say(f"resumed {str(out)!r} at epoch {trainer.epoch} (step {trainer.step})")
     if main_process:
@@ -119,11 +142,20 @@ def fit(args: argparse.Namespace) -> int:
     )
     if is_distributed():
         cleanup_distributed()
+    if trainer.interrupted is not None:
+        if main_process:
+            print(
+                f"flows fit: stopped by signal {trainer.interrupted}; {str(checkpoint)!r} holds the state at step "
+                f"{trainer.step}: continue with the same command and --resume",
+                file=sys.stderr,
+            )
+        return 130
     if not main_process:
         return 0
     model = trainer.model
     model_path = save_model(model, out / "model.ckpt", config, info={"data": spec})
-    result = {"epochs": trainer.epoch, "steps": trainer.step, "train_seconds": round(trainer.elapsed, 2)}
+    epochs = trainer.history.last().get("epoch", trainer.epoch)
+    result = {"epochs": epochs, "steps": trainer.step, "train_seconds": round(trainer.elapsed, 2)}
     if data.test is not None:
         result["test"] = evaluate_log_likelihood(
             model.cpu(), data.test, levels=data.levels, draws=10 if data.levels else 1
@@ -135,6 +167,8 @@ def fit(args: argparse.Namespace) -> int:
 
         plot_history(trainer.history, out / "curves.png")
         written += [out / "curves.png", *_pictures(model, data, out)]
+    for event in trainer.history.events:
+        say(f"step {event['step']}: {event['message']}")
     if "test" in result:
         test = result["test"]
         line = f"test log-likelihood: {test['log_likelihood']:.4f} ± {test['stderr']:.4f} nats ({test['n']} samples)"
@@ -143,7 +177,8 @@ def fit(args: argparse.Namespace) -> int:
                 f"test bits/dim: {test['bits_per_dim']:.3f}  ({data.levels} levels, {test['n']} test samples)\n" + line
             )
         print(line)
-    say(f"trained {trainer.epoch} epochs in {trainer.elapsed:.1f} s; wrote " + ", ".join(str(p) for p in written))
+    files = ", ".join(str(p) for p in written)
+    say(f"trained {epochs:g} epochs ({trainer.step} steps) in {trainer.elapsed:.1f} s; wrote {files}")
     return 0
 
 
@@ -223,8 +258,11 @@ def check(args: argparse.Namespace) -> int:
         with torch.no_grad():
             x = model.sample((args.num,))
     failures = 0
+    inputs = x
     print(f"{'layer':>8}  {'transform':<22} {'worst error':>12}  result")
     for name, layer in [*_layers(model.transform), ("all", model.transform)]:
+        if name == "all":
+            x = inputs
         try:
             report = check_bijection(layer, x, atol=args.atol, rtol=args.atol)
             worst, status = max(report.values(), default=0.0), "ok"

@@ -13,7 +13,8 @@
     flows models                               # the model builders available
 
 Every command prints ``flows <command>: error: ...`` and exits with a non-zero status on failure
-(2 for bad arguments or inputs, 1 when training diverges).
+(2 for bad arguments or inputs, 1 when training diverges, 130 when ``flows fit`` is stopped by
+Ctrl-C or SIGTERM after writing its checkpoint).
 """
 
 from __future__ import annotations
@@ -53,7 +54,9 @@ def _parser() -> argparse.ArgumentParser:
     from flows.data.dataset import DATASETS
 
     parser = argparse.ArgumentParser(
-        prog="flows", description=__doc__.split("\n\n")[0], formatter_class=argparse.RawDescriptionHelpFormatter
+        prog="flows",
+        description=__doc__.split("\n\n")[0].replace("``", ""),
+        formatter_class=argparse.RawDescriptionHelpFormatter,
     )
     parser.epilog = "Run 'flows COMMAND --help' for the options of a command."
     sub = parser.add_subparsers(dest="command", metavar="COMMAND")
@@ -106,7 +109,9 @@ def _parser() -> argparse.ArgumentParser:
         default="cosine",
         help="learning-rate schedule (default: cosine)",
     )
-    train.add_argument("--clip", type=float, default=10.0, help="gradient norm clipping, 0 for none (default: 10)")
+    train.add_argument(
+        "--clip", type=float, default=0.0, help="clip the global gradient norm to this value, 0 for none (default: 0)"
+    )
     train.add_argument(
         "--patience", type=int, default=10, help="early-stopping patience in epochs, 0 for none (default: 10)"
     )

@@ -68,6 +68,10 @@ class Flow(nn.Module):
         True
     """
 
+    #: Whether maximizing ``log_prob`` on data is the right way to train this model (``flows fit``
+    #: trains by maximum likelihood and refuses models that set this to ``False``).
+    likelihood_trainable: bool = True
+
     def __init__(
         self,
         transform: Bijection,

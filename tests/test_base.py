@@ -165,3 +165,7 @@ def test_lu_linear_matches_its_dense_matrix() -> None:
     torch.testing.assert_close(z, x @ w.T + t.bias)
     torch.testing.assert_close(ladj, torch.linalg.slogdet(w).logabsdet.expand(4))
     torch.testing.assert_close(t.inverse(z), torch.linalg.solve(w, (z - t.bias).T).T)
+    # more rows than features takes the other branch (forming W): same answer
+    many = torch.randn(12, 5, dtype=torch.float64)
+    torch.testing.assert_close(t(many), many @ w.T + t.bias)
+    torch.testing.assert_close(t(many[:3]), (many @ w.T + t.bias)[:3])

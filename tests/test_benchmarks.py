@@ -17,3 +17,12 @@ def test_step_overhead_smoke(capsys) -> None:
     ratios = _main("step_overhead.py")(argv)
     assert ratios["floor (bare conditioners)"] == 1.0 and ratios["flows RealNVP"] > 0
     assert "flows RealNVP" in capsys.readouterr().out
+
+
+def test_sharing_smoke(capsys) -> None:
+    summary = _main("sharing.py")(
+        ["--epochs", "1", "--seeds", "1", "--models", "unshared K=8 h=64", "shared K=8 h=256"]
+    )
+    assert summary["shared K=8 h=256"]["params"] < summary["unshared K=8 h=64"]["params"] * 1.2
+    assert all(0 < s["bpd"] < 10 for s in summary.values())
+    assert "x fewer" in capsys.readouterr().out

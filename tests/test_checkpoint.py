@@ -7,6 +7,7 @@ import io
 import json
 import os
 import pickle
+import signal
 from pathlib import Path
 
 import pytest
@@ -14,6 +15,7 @@ import torch
 
 import flows
 from flows.train import (
+    Callback,
     CheckpointError,
     EarlyStopping,
     MaximumLikelihood,
@@ -79,6 +81,34 @@ def test_resume_mid_epoch_is_bitwise_identical(tmp_path: Path) -> None:
         assert torch.equal(value, reference[name]), name
     assert history["epoch"] == [1, 1.75, 2, 3]
     assert history["val_loss"][-1] == full.history["val_loss"][-1]
+
+
+class _SendSignal(Callback):
+    def __init__(self, at_step: int, signum: int) -> None:
+        self.at_step, self.signum = at_step, signum
+
+    def on_step_end(self, trainer, metrics) -> None:
+        if trainer.step == self.at_step:
+            os.kill(os.getpid(), self.signum)
+
+
+@pytest.mark.parametrize("signum", [signal.SIGINT, signal.SIGTERM])
+def test_a_signal_stops_at_a_step_boundary_with_a_checkpoint_that_resumes_exactly(tmp_path: Path, signum) -> None:
+    x = _levels_data()
+    full = _trainer()
+    full.fit(x[:100], epochs=2, batch_size=25)
+
+    stopped = _trainer(tmp_path / "run.ckpt")
+    stopped.callbacks.append(_SendSignal(5, signum))
+    stopped.fit(x[:100], epochs=2, batch_size=25)
+    assert stopped.interrupted == signum and stopped.step == 5
+    assert signal.getsignal(signal.SIGINT) is not None  # handlers restored (pytest's own is back)
+    resumed = _trainer(tmp_path / "run.ckpt")
+    resumed.callbacks.append(_SendSignal(-1, signum))
+    resumed.resume().fit(x[:100], epochs=2, batch_size=25)
+    assert resumed.interrupted is None and resumed.step == 8
+    for name, value in _params(full.model).items():
+        assert torch.equal(resumed.model.state_dict()[name], value), name
 
 
 def test_model_checkpoint_rebuilds_the_model_from_json(tmp_path: Path) -> None:

@@ -148,7 +148,9 @@ def test_logit_domain_is_the_interval_the_logit_maps_onto_the_line() -> None:
         g.log_prob(torch.full((1, 1, 8, 8), -1.01 * margin, dtype=torch.float64))
 
 
-@pytest.mark.skipif(hasattr(flows, "CirculantDiagonal2d"), reason="the circulant mixer exists on this branch")
-def test_circulant_mixer_without_the_layer_says_so() -> None:
-    with pytest.raises(ValueError, match=r"needs flows\.CirculantDiagonal2d"):
-        flows.Glow((1, 8, 8), mixer="circulant")
+def test_circulant_mixer() -> None:
+    g = _trained_like(mixer="circulant", circulant_factors=3)
+    mixers = [m for m in g.modules() if isinstance(m, flows.CirculantDiagonal2d)]
+    assert len(mixers) == 4 and all(m.bias is None for m in mixers)
+    x, log_p = g.sample_and_log_prob((3,))
+    torch.testing.assert_close(g.log_prob(x), log_p, atol=1e-8, rtol=1e-10)

@@ -289,6 +289,11 @@ def test_progress_bar_is_quiet_when_not_a_terminal(capsys) -> None:
     assert captured.err == "" and captured.out == ""
 
 
+def test_progress_bar_when_asked_for(capsys) -> None:
+    Trainer(_model(), progress=True).fit(_data(100), epochs=2, batch_size=50)
+    assert "4/4" in capsys.readouterr().err  # tqdm's count of steps over the run
+
+
 def test_print_metrics_prints_one_line_per_epoch(capsys) -> None:
     Trainer(_model(), callbacks=[PrintMetrics()]).fit(_data(100), _data(20, 1), epochs=2, batch_size=50)
     lines = capsys.readouterr().out.strip().splitlines()

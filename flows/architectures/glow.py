@@ -23,8 +23,8 @@ from collections.abc import Callable, Sequence
 import torch
 from torch import Tensor, nn
 
-import flows.bijections as bijections
 from flows.bijections.base import Bijection, Chain
+from flows.bijections.circulant import CirculantDiagonal2d
 from flows.bijections.conv import Invertible1x1Conv
 from flows.bijections.coupling import AdditiveCoupling, AffineCoupling, Coupling, half_mask
 from flows.bijections.eiw import EIWShuffle
@@ -56,8 +56,9 @@ class Glow(Flow):
     * :class:`~flows.bijections.normalization.ActNorm2d` (data-dependent initialisation on the first
       training batch);
     * the mixer: ``"1x1"`` an :class:`~flows.bijections.conv.Invertible1x1Conv` (dense),
-      ``"lu"`` the same with the LU parameterisation, ``"circulant"`` a ``CirculantDiagonal2d``
-      (CDFlow) with ``circulant_factors`` diagonal factors;
+      ``"lu"`` the same with the LU parameterisation, ``"circulant"`` a
+      :class:`~flows.bijections.circulant.CirculantDiagonal2d` (CDFlow) with ``circulant_factors``
+      diagonal factors, a random orthogonal start and no bias;
     * an affine (or additive) coupling of the second half of the channels given the first half,
       with a :class:`~flows.nn.ConvNet` conditioner (3×3, 1×1, 3×3 convolutions with ``hidden``
       channels, zero-initialised output).
@@ -185,13 +186,8 @@ class Glow(Flow):
             return Invertible1x1Conv(channels)
         if self.mixer == "lu":
             return Invertible1x1Conv(channels, lu=True)
-        circulant = getattr(bijections, "CirculantDiagonal2d", None)
-        if circulant is None:
-            raise ValueError(
-                "Glow: mixer='circulant' needs flows.CirculantDiagonal2d (CDFlow), which this version of "
-                "flows does not have; use mixer='1x1' or 'lu'"
-            )
-        return circulant(channels, factors=options["circulant_factors"])
+        # Like the 1×1 convolution: a random orthogonal start that mixes all channels, no bias (ActNorm has one).
+        return CirculantDiagonal2d(channels, factors=options["circulant_factors"], init="orthogonal", bias=False)
 
     def _step(self, channels: int, options: dict) -> list[Bijection]:
         context = options["context"]

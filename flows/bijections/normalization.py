@@ -7,6 +7,9 @@ ordinary learnable affine layer with no batch dependence. The ``initialized`` fl
 **registered buffer**, so a model restored with ``load_state_dict`` never re-initialises (nflows
 keeps it as a Python attribute and destroys trained weights on reload; METHODS.md §7).
 
+Also :class:`BatchNorm`, batch normalisation as a bijection (batch statistics in train mode,
+running statistics in eval mode).
+
 References:
     Kingma, Dhariwal (2018), "Glow: Generative Flow with Invertible 1x1 Convolutions", NeurIPS,
     arXiv:1807.03039.
@@ -21,9 +24,9 @@ import torch
 import torch.distributed as dist
 from torch import Tensor, nn
 
-from flows.bijections.base import Bijection
+from flows.bijections.base import Bijection, InverseNotAvailable
 
-__all__ = ["ActNorm", "ActNorm2d"]
+__all__ = ["ActNorm", "ActNorm2d", "BatchNorm"]
 
 
 class ActNorm(Bijection):
@@ -117,3 +120,104 @@ class ActNorm2d(ActNorm):
 
     def __init__(self, channels: int, *, eps: float = 1e-6) -> None:
         super().__init__((channels, None, None), eps=eps)
+
+
+class BatchNorm(Bijection):
+    r"""Batch normalisation as a bijection (RealNVP, MAF), for vector events.
+
+    * forward: :math:`z = e^{\gamma} \odot (x - \mu) / \sqrt{\sigma^2 + \epsilon} + \beta`,
+      :math:`\log|\det J| = \sum_i [\gamma_i - \tfrac12 \log(\sigma_i^2 + \epsilon)]`;
+    * inverse (eval mode only): :math:`x = \mu + \sqrt{\sigma^2 + \epsilon} \odot (z - \beta) e^{-\gamma}`.
+
+    **Train mode**: :math:`\mu, \sigma^2` are the statistics of the current batch (over every batch
+    dimension; biased variance, as :class:`torch.nn.BatchNorm1d`), gradients flow through them,
+    and the running averages are updated, ``running ← (1 - m) running + m · batch`` (the running
+    variance with the unbiased batch variance, as PyTorch does). The output then depends on the
+    whole batch, so it is not a per-sample density (the log-det ignores that dependence) and there
+    is no inverse: :meth:`inverse_and_log_det` raises :class:`InverseNotAvailable`.
+
+    **Eval mode**: :math:`\mu, \sigma^2` are the running averages: a fixed affine map, a proper
+    per-sample bijection (``log_prob`` is the same for a sample alone or in a batch of 256), and
+    evaluation never touches the running statistics. Evaluate with :func:`flows.evaluating`, which
+    switches to eval mode and restores the previous modes; scoring test data in train mode would
+    overwrite the running statistics with test statistics and make the score depend on the batch
+    (METHODS.md §7). ``running_var`` starts at **ones** (nflows starts it at zeros, so a model
+    evaluated before any training step gets a log-det of :math:`-\tfrac12 \log\epsilon` per feature).
+
+    References:
+        Ioffe, Szegedy (2015), "Batch Normalization: Accelerating Deep Network Training by Reducing
+        Internal Covariate Shift", ICML, arXiv:1502.03167. Dinh, Sohl-Dickstein, Bengio (2017),
+        "Density estimation using Real NVP", ICLR, arXiv:1605.08803 (Appendix E).
+        Papamakarios, Pavlakou, Murray (2017), "Masked Autoregressive Flow for Density
+        Estimation", NeurIPS, arXiv:1705.07057 (Section 3.4).
+
+    Args:
+        features: number of features.
+        momentum: weight ``m`` of the current batch in the running averages.
+        eps: added to the variance.
+
+    Raises:
+        ValueError: in train mode, for a batch of fewer than two samples.
+
+    Example:
+        >>> import torch
+        >>> t = BatchNorm(2)
+        >>> z = t(3 + 2 * torch.randn(500, 2))  # train mode: batch statistics
+        >>> bool(z.mean(0).abs().max() < 1e-5)
+        True
+        >>> _ = t.eval()
+        >>> x = torch.randn(4, 2)
+        >>> torch.allclose(t.inverse(t(x)), x, atol=1e-6)
+        True
+    """
+
+    def __init__(self, features: int, *, momentum: float = 0.1, eps: float = 1e-5) -> None:
+        super().__init__(features)
+        if len(self.event_shape) != 1 or self.event_shape[0] is None:
+            raise ValueError(f"BatchNorm: expected a vector event (features: int), got {features!r}")
+        if not 0 <= momentum <= 1:
+            raise ValueError(f"BatchNorm: expected 0 <= momentum <= 1, got {momentum}")
+        if not eps > 0:
+            raise ValueError(f"BatchNorm: expected eps > 0, got {eps}")
+        n = self.event_shape[0]
+        self.momentum, self.eps = float(momentum), float(eps)
+        self.log_gamma = nn.Parameter(torch.zeros(n))
+        self.beta = nn.Parameter(torch.zeros(n))
+        self.register_buffer("running_mean", torch.zeros(n))
+        self.register_buffer("running_var", torch.ones(n))
+
+    def _statistics(self, x: Tensor) -> tuple[Tensor, Tensor]:
+        if not self.training:
+            return self.running_mean, self.running_var
+        flat = x.reshape(-1, x.shape[-1])
+        if flat.shape[0] < 2:
+            raise ValueError(
+                f"BatchNorm: expected at least 2 samples in train mode (batch statistics), got input of shape "
+                f"{tuple(x.shape)}; evaluate single samples in eval mode (flows.evaluating)"
+            )
+        var, mean = torch.var_mean(flat, dim=0, correction=0)
+        with torch.no_grad():
+            count = flat.shape[0]
+            self.running_mean.lerp_(mean.detach(), self.momentum)
+            self.running_var.lerp_(var.detach() * (count / (count - 1)), self.momentum)
+        return mean, var
+
+    def forward_and_log_det(self, x: Tensor, context: Tensor | None = None) -> tuple[Tensor, Tensor]:
+        mean, var = self._statistics(x)
+        log_scale = self.log_gamma - 0.5 * torch.log(var + self.eps)
+        z = torch.addcmul(self.beta, x - mean, log_scale.exp())
+        return z, log_scale.sum().expand(self.batch_shape(x))
+
+    def inverse_and_log_det(self, z: Tensor, context: Tensor | None = None) -> tuple[Tensor, Tensor]:
+        if self.training:
+            raise InverseNotAvailable(
+                "BatchNorm: the inverse is only available in eval mode; in train mode the forward map "
+                "normalises with the statistics of the whole batch, which an inverse cannot recover. "
+                "Call .eval() (or sample inside flows.evaluating(model))"
+            )
+        log_scale = self.log_gamma - 0.5 * torch.log(self.running_var + self.eps)
+        x = torch.addcmul(self.running_mean, z - self.beta, torch.exp(-log_scale))
+        return x, (-log_scale.sum()).expand(self.batch_shape(z))
+
+    def extra_repr(self) -> str:
+        return f"{super().extra_repr()}, momentum={self.momentum}, eps={self.eps}"

@@ -5,6 +5,7 @@ from flows.data.dequantization import VariationalDequantizer, uniform_dequantize
 from flows.data.digits import DIGITS_LEVELS, load_digits
 from flows.data.files import KNOWN_FILES, data_dir, data_file, download
 from flows.data.loader import TensorLoader
+from flows.data.manifolds import SineManifold
 from flows.data.mnist import MNIST_LEVELS, load_mnist
 from flows.data.tabular import SKLEARN_TABLES, load_array, load_csv, load_miniboone, load_sklearn_table
 
@@ -15,6 +16,7 @@ __all__ = [
     "MNIST_LEVELS",
     "SKLEARN_TABLES",
     "Dataset",
+    "SineManifold",
     "TensorLoader",
     "VariationalDequantizer",
     "data_dir",

@@ -47,7 +47,8 @@ class Dataset:
         val: validation data (or ``None``).
         test: test data (or ``None``).
         levels: number of discrete levels for integer data to dequantize (``None``: continuous).
-        image_shape: ``(H, W)`` or ``(C, H, W)`` when the events are images (for pictures).
+        image_shape: ``(H, W)`` or ``(C, H, W)`` when the samples are images, stored flat as vectors
+            (for pictures, and for image models to reshape).
         note: a caveat to show users (e.g. "not comparable to published numbers").
     """
 
@@ -182,4 +183,6 @@ def load_dataset(
                 raise ValueError(f"load_dataset: expected integers in 0..{levels - 1} with levels={levels}")
         train, val, test = (None if t is None else t.to(torch.int64) for t in (train, val, test))
     image_shape = tuple(train.shape[1:]) if train.dim() >= 3 else None
+    if image_shape is not None:  # vector flows see flat events; the shape is kept for pictures
+        train, val, test = (None if t is None else t.reshape(len(t), -1) for t in (train, val, test))
     return Dataset(path.name, train, val, test, levels=levels, image_shape=image_shape)

@@ -29,8 +29,9 @@ class TensorLoader:
         batch_size: samples per global batch (all processes together).
         shuffle: draw a new permutation every epoch (seeded by ``seed + epoch``).
         drop_last: drop the last incomplete batch. With ``world_size > 1`` an incomplete last batch
-            whose size is not a multiple of ``world_size`` is always dropped, so that every process
-            contributes the same number of samples to the averaged gradient.
+            is cut to a multiple of ``world_size`` (at most ``world_size - 1`` samples of the epoch's
+            permutation are left out), so that every process contributes the same number of samples
+            to the averaged gradient.
         seed: seed of the permutations.
         rank: this process's index in ``0..world_size-1``.
         world_size: number of processes sharing each global batch.
@@ -95,8 +96,8 @@ class TensorLoader:
     def __len__(self) -> int:
         """Number of batches per epoch."""
         full, rest = divmod(self.num_samples, self.batch_size)
-        keep_rest = rest and not self.drop_last and rest % self.world_size == 0
-        return full + int(bool(keep_rest))
+        keep_rest = not self.drop_last and rest - rest % self.world_size > 0
+        return full + int(keep_rest)
 
     def _order(self) -> Tensor:
         if not self.shuffle:
@@ -111,6 +112,7 @@ class TensorLoader:
             start = self.position * self.batch_size
             index = order[start : start + self.batch_size]
             if self.world_size > 1:
+                index = index[: len(index) - len(index) % self.world_size]
                 index = index[self.rank :: self.world_size]
             self.position += 1
             yield tuple(t[index] for t in self.tensors)

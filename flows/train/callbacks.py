@@ -1,4 +1,4 @@
-"""Trainer callbacks: hooks into the loop, with state that checkpoints save and restore.
+"""Trainer callbacks (hooks into the loop, with state that checkpoints save and restore) and the progress bar.
 
 A callback overrides any of the hooks below; each receives the :class:`~flows.train.Trainer`,
 whose attributes (``model``, ``optimizer``, ``history``, ``epoch``, ``step``, ``should_stop``)
@@ -18,7 +18,7 @@ from typing import TYPE_CHECKING, Any, TextIO
 if TYPE_CHECKING:  # pragma: no cover
     from flows.train.trainer import Trainer
 
-__all__ = ["Callback", "EarlyStopping", "MetricsLogger", "PrintMetrics"]
+__all__ = ["Callback", "EarlyStopping", "MetricsLogger", "PrintMetrics", "progress_bar"]
 
 
 class Callback:
@@ -81,10 +81,10 @@ class EarlyStopping(Callback):
         self.monitor, self.patience, self.min_delta, self.mode = monitor, patience, min_delta, mode
         self.restore_best = restore_best
         self.best = math.inf if mode == "min" else -math.inf
-        self.best_epoch: int | None = None
+        self.best_epoch: float | None = None  # fractional for a record of a run stopped mid-epoch
         self.bad_epochs = 0
         self.best_state: dict | None = None
-        self.stopped_epoch: int | None = None
+        self.stopped_epoch: float | None = None
 
     def _value(self, record: dict[str, float]) -> float | None:
         if self.monitor in record:
@@ -99,13 +99,13 @@ class EarlyStopping(Callback):
             raise KeyError(f"EarlyStopping: the epoch record has no metric {self.monitor!r}; it has {sorted(record)}")
         improved = value < self.best - self.min_delta if self.mode == "min" else value > self.best + self.min_delta
         if improved and math.isfinite(value):
-            self.best, self.best_epoch, self.bad_epochs = value, int(record["epoch"]), 0
+            self.best, self.best_epoch, self.bad_epochs = value, record["epoch"], 0
             if self.restore_best:
                 self.best_state = copy.deepcopy(trainer.model.state_dict())
         else:
             self.bad_epochs += 1
             if self.bad_epochs > self.patience:
-                self.stopped_epoch = int(record["epoch"])
+                self.stopped_epoch = record["epoch"]
                 trainer.should_stop = True
                 trainer.history.event(
                     trainer.step,
@@ -116,7 +116,9 @@ class EarlyStopping(Callback):
     def on_fit_end(self, trainer: Trainer) -> None:
         if self.restore_best and self.best_state is not None:
             trainer.model.load_state_dict(self.best_state)
-            trainer.history.event(trainer.step, f"restored the best weights (epoch {self.best_epoch})")
+            last = trainer.history.last().get("epoch")
+            if last is not None and self.best_epoch != last:
+                trainer.history.event(trainer.step, f"restored the best weights (epoch {self.best_epoch})")
 
     def state_dict(self) -> dict[str, Any]:
         return {
@@ -181,3 +183,22 @@ class PrintMetrics(Callback):
         keys = self.keys or [k for k in record if k not in ("epoch", "step", "time")]
         parts = [f"{k} {record[k]:.4g}" for k in keys if k in record]
         print(f"epoch {epoch:4d}  " + "  ".join(parts) + f"  ({record['time']:.1f} s)", file=self.stream or sys.stdout)
+
+
+def progress_bar(
+    show: bool | None, main_process: bool, epochs: int | None, per_epoch: int | None, max_steps: int | None, step: int
+) -> Any:
+    """A ``tqdm`` bar over the run's steps, or ``None`` when not shown.
+
+    ``show=None`` shows it only when standard error is a terminal (so logs and CI stay clean);
+    only the main process shows one.
+    """
+    if not (show if show is not None else sys.stderr.isatty()) or not main_process:
+        return None
+    from tqdm.auto import tqdm
+
+    total = max_steps
+    if epochs is not None and per_epoch is not None:
+        total = min(total or math.inf, epochs * per_epoch)
+    total = None if total is None or total == math.inf else int(total)
+    return tqdm(total=total, initial=min(step, total or step), unit="step", dynamic_ncols=True)

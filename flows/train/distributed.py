@@ -103,7 +103,8 @@ def all_reduce_weighted_mean(values: dict[str, float], weight: float, device: to
     packed = torch.tensor([values[k] * weight for k in keys] + [weight], dtype=torch.float64, device=device)
     dist.all_reduce(packed)
     total = float(packed[-1])
-    return {k: float(packed[i]) / total for i, k in enumerate(keys)}
+    reduced = {k: float(packed[i]) / total for i, k in enumerate(keys)}
+    return {k: reduced[k] for k in values}
 
 
 class ObjectiveModule(nn.Module):
@@ -125,3 +126,10 @@ class ObjectiveModule(nn.Module):
 
     def forward(self, batch: object) -> Tensor | tuple[Tensor, dict[str, Tensor]]:
         return self.objective(self.model, batch)
+
+    def parallel(self, device: torch.device, find_unused_parameters: bool = False) -> nn.Module:
+        """This module wrapped in ``DistributedDataParallel`` for ``device`` (needs a process group)."""
+        from torch.nn.parallel import DistributedDataParallel
+
+        device_ids = [device.index] if device.type == "cuda" else None
+        return DistributedDataParallel(self, device_ids=device_ids, find_unused_parameters=find_unused_parameters)

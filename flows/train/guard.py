@@ -14,14 +14,16 @@ The guard never lets it through, and never continues silently:
 
 from __future__ import annotations
 
-import copy
+import math
 import warnings
+from collections.abc import Sequence
 from typing import Any
 
-from torch import nn
+import torch
+from torch import Tensor, nn
 from torch.optim import Optimizer
 
-__all__ = ["NonFiniteGuard", "TrainingDiverged", "TrainingWarning"]
+__all__ = ["NonFiniteGuard", "TrainingDiverged", "TrainingWarning", "global_grad_norm"]
 
 
 class TrainingWarning(UserWarning):
@@ -75,7 +77,7 @@ class NonFiniteGuard:
 
     def snapshot(self, model: nn.Module, optimizer: Optimizer) -> None:
         """Remember the current model and optimizer state as the last good state."""
-        self._snapshot = (copy.deepcopy(model.state_dict()), copy.deepcopy(optimizer.state_dict()))
+        self._snapshot = (_clone(model.state_dict()), _clone(optimizer.state_dict()))
         self._good_since_snapshot = 0
 
     def good_step(self, model: nn.Module, optimizer: Optimizer) -> None:
@@ -106,7 +108,7 @@ class NonFiniteGuard:
             )
         model_state, optimizer_state = self._snapshot
         model.load_state_dict(model_state)
-        optimizer.load_state_dict(copy.deepcopy(optimizer_state))
+        optimizer.load_state_dict(_clone(optimizer_state))
         lrs = []
         for group in optimizer.param_groups:
             group["lr"] *= self.lr_factor
@@ -132,3 +134,36 @@ class NonFiniteGuard:
         self.consecutive = int(state["consecutive"])
         self.skipped = int(state["skipped"])
         self.rollbacks = int(state["rollbacks"])
+
+
+def _clone(state: Any) -> Any:
+    """Copy of a state dict: tensors cloned, containers rebuilt (much faster than ``copy.deepcopy``)."""
+    if isinstance(state, Tensor):
+        return state.detach().clone()
+    if isinstance(state, dict):
+        return type(state)((k, _clone(v)) for k, v in state.items())
+    if isinstance(state, (list, tuple)):
+        return type(state)(_clone(v) for v in state)
+    return state
+
+
+def global_grad_norm(params: Sequence[nn.Parameter], clip: float | None = None) -> float:
+    """Global gradient norm (non-finite if any gradient is), clipping the gradients to ``clip`` if given.
+
+    One ``cat`` and one norm: for the many small tensors of a flow this is several times faster
+    on CPU than ``torch._foreach_norm``, which ``clip_grad_norm_`` uses.
+
+    Example:
+        >>> import torch
+        >>> p = torch.nn.Parameter(torch.zeros(2))
+        >>> p.grad = torch.tensor([3.0, 4.0])
+        >>> global_grad_norm([p], clip=1.0), [round(g, 3) for g in p.grad.tolist()]
+        (5.0, [0.6, 0.8])
+    """
+    grads = [p.grad for p in params if p.grad is not None]
+    if not grads:
+        return 0.0
+    norm = float(torch.linalg.vector_norm(torch.cat([g.reshape(-1) for g in grads])))
+    if clip is not None and math.isfinite(norm) and norm > clip:
+        torch._foreach_mul_(grads, clip / (norm + 1e-6))
+    return norm

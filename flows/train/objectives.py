@@ -40,6 +40,8 @@ def split_batch(batch: object) -> tuple[Tensor, Tensor | None]:
     """
     if isinstance(batch, Tensor):
         return batch, None
+    if type(batch) is tuple and len(batch) == 1 and isinstance(batch[0], Tensor):  # the common case, kept cheap
+        return batch[0], None
     if isinstance(batch, (tuple, list)) and 1 <= len(batch) <= 2 and all(isinstance(b, Tensor) for b in batch):
         return batch[0], batch[1] if len(batch) == 2 else None
     raise TypeError(f"expected a batch that is a tensor, (x,) or (x, context), got {type(batch).__name__}")
@@ -130,8 +132,8 @@ class MaximumLikelihood(Objective):
 
     def _inputs(self, model: nn.Module, batch: object) -> tuple[Tensor, Tensor | None]:
         x, context = split_batch(batch)
-        dtype = next((p.dtype for p in model.parameters() if p.is_floating_point()), torch.get_default_dtype())
         if self.levels is not None:
+            dtype = next((p.dtype for p in model.parameters() if p.is_floating_point()), torch.get_default_dtype())
             x = uniform_dequantize(x, self.levels, dtype=dtype)
         elif not x.is_floating_point():
             raise TypeError(

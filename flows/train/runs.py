@@ -90,6 +90,8 @@ def load_run(run: str | os.PathLike, *, data_dir: str | os.PathLike | None = Non
         FileNotFoundError: when there is no model in the run.
     """
     path = Path(run)
+    if not path.exists():
+        raise FileNotFoundError(f"no run directory or model file at {str(path)!r}")
     if path.is_dir():
         candidates = [path / "model.ckpt", path / "checkpoint.ckpt"]
         found = next((c for c in candidates if c.is_file()), None)

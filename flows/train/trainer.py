@@ -1,32 +1,18 @@
 r"""The training loop shared by every objective: :class:`Trainer`.
 
-One loop, whatever is minimised (maximum likelihood on data, reverse KL on an energy target, a
-mixture): the objective computes the loss of a batch (:mod:`flows.train.objectives`) and the loop
-does the rest, identically for all of them:
-
-* optimizer steps with optional gradient clipping, learning-rate schedules (per epoch or per step;
-  ``ReduceLROnPlateau`` receives the monitored metric), auxiliary losses that transforms hand over
-  through :mod:`flows.auxiliary` (added to the loss and logged as ``aux_<name>``);
-* validation in eval mode (``flows.evaluating``: every module's mode is restored afterwards) and
-  without gradients;
-* the NaN/Inf guard (:class:`~flows.train.guard.NonFiniteGuard`);
-* a metrics history (JSON/CSV through :class:`~flows.train.callbacks.MetricsLogger`) and callbacks
-  (early stopping with best-weights restore, printing, your own);
-* a ``tqdm`` progress bar, shown only when standard error is a terminal;
-* atomic checkpoints every ``checkpoint_every`` seconds (or steps) and at the end, holding
-  everything an exact resume needs: weights, optimizer, scheduler, callbacks, history, counters,
-  the loader position and the random generator states (:meth:`Trainer.resume`);
-* multi-process data parallelism when ``torch.distributed`` is initialised
-  (:mod:`flows.train.distributed`).
+The objective computes the loss of a batch (:mod:`flows.train.objectives`); the loop does the
+rest identically for all of them: optimizer steps, clipping, schedules, auxiliary losses,
+validation in eval mode, the NaN guard, callbacks, history, progress, atomic checkpoints with exact
+resume, and multi-process data parallelism (see ``docs/guide/training.md``).
 """
 
 from __future__ import annotations
 
+import contextlib
 import math
 import os
-import sys
 import time
-from collections.abc import Callable, Iterable, Iterator, Sequence
+from collections.abc import Callable, Iterable, Sequence
 from pathlib import Path
 from typing import Any
 
@@ -38,38 +24,15 @@ from torch.optim import Optimizer
 from flows.auxiliary import AuxiliaryLosses
 from flows.data.loader import TensorLoader
 from flows.flow import evaluating
-from flows.train.callbacks import Callback
-from flows.train.checkpoint import (
-    CheckpointError,
-    capture_rng_state,
-    load_checkpoint,
-    restore_rng_state,
-    save_checkpoint,
-)
+from flows.train.batching import Data, as_tensors, epoch_batches, steps_in_epoch, to_device, train_loader, val_loader
+from flows.train.callbacks import Callback, progress_bar
 from flows.train.distributed import ObjectiveModule, all_reduce_weighted_mean, get_rank, get_world_size
-from flows.train.guard import NonFiniteGuard
+from flows.train.guard import NonFiniteGuard, global_grad_norm
 from flows.train.history import History
 from flows.train.objectives import MaximumLikelihood, Objective, _as_output, batch_size_of
+from flows.train.resume import load_trainer_state, resume_trainer, save_trainer, stop_on_signals, trainer_state
 
 __all__ = ["Trainer"]
-
-Data = Tensor | Sequence[Tensor] | TensorLoader | Iterable[Any] | None
-
-
-def _to_device(batch: object, device: torch.device) -> object:
-    if isinstance(batch, Tensor):
-        return batch.to(device, non_blocking=True)
-    if isinstance(batch, (tuple, list)):
-        return type(batch)(_to_device(b, device) for b in batch)
-    return batch
-
-
-def _tensors(data: object) -> tuple[Tensor, ...] | None:
-    if isinstance(data, Tensor):
-        return (data,)
-    if isinstance(data, (tuple, list)) and data and all(isinstance(t, Tensor) for t in data):
-        return tuple(data)
-    return None
 
 
 class Trainer:
@@ -167,6 +130,7 @@ class Trainer:
         self.step = 0  # steps done in total (skipped ones included)
         self.elapsed = 0.0  # training seconds over all sessions of this run
         self.should_stop = False
+        self.interrupted: int | None = None  # the signal that stopped the last fit (SIGINT, SIGTERM), if any
         self.epochs_target: int | None = None
         self._epoch_sums: dict[str, float] = {}
         self._epoch_count = 0
@@ -175,15 +139,7 @@ class Trainer:
         self._params = params
         self._forward: Callable[[object], Any] = lambda batch: self.objective(self.model, batch)
         if self.world_size > 1:
-            from torch.nn.parallel import DistributedDataParallel
-
-            wrapped = ObjectiveModule(model, self.objective)
-            self._ddp = DistributedDataParallel(
-                wrapped,
-                device_ids=[self.device.index] if self.device.type == "cuda" else None,
-                find_unused_parameters=find_unused_parameters,
-            )
-            self._forward = self._ddp
+            self._forward = ObjectiveModule(model, self.objective).parallel(self.device, find_unused_parameters)
 
     # -- properties ------------------------------------------------------------------------------
     @property
@@ -199,55 +155,15 @@ class Trainer:
     # -- state -----------------------------------------------------------------------------------
     def state_dict(self) -> dict[str, Any]:
         """Everything an exact resume needs (tensors and plain containers only)."""
-        return {
-            "trainer": {
-                "epoch": self.epoch,
-                "epoch_step": self.epoch_step,
-                "step": self.step,
-                "elapsed": self.elapsed,
-                "epoch_sums": dict(self._epoch_sums),
-                "epoch_count": self._epoch_count,
-            },
-            "model": self.model.state_dict(),
-            "optimizer": self.optimizer.state_dict(),
-            "scheduler": self.scheduler.state_dict() if self.scheduler is not None else None,
-            "guard": self.guard.state_dict() if self.guard is not None else None,
-            "callbacks": [cb.state_dict() for cb in self.callbacks],
-            "history": self.history.state_dict(),
-            "rng": capture_rng_state(),
-        }
+        return trainer_state(self)
 
     def load_state_dict(self, state: dict[str, Any]) -> None:
         """Restore what :meth:`state_dict` returned (model, optimizer, counters, RNG states, ...)."""
-        t = state["trainer"]
-        self.epoch, self.epoch_step, self.step = int(t["epoch"]), int(t["epoch_step"]), int(t["step"])
-        self.elapsed = float(t["elapsed"])
-        self._epoch_sums, self._epoch_count = dict(t["epoch_sums"]), int(t["epoch_count"])
-        self.model.load_state_dict(state["model"])
-        self.optimizer.load_state_dict(state["optimizer"])
-        if self.scheduler is not None and state["scheduler"] is not None:
-            self.scheduler.load_state_dict(state["scheduler"])
-        if self.guard is not None and state["guard"] is not None:
-            self.guard.load_state_dict(state["guard"])
-        if len(state["callbacks"]) != len(self.callbacks):
-            raise CheckpointError(
-                f"the checkpoint has state for {len(state['callbacks'])} callbacks, this trainer has "
-                f"{len(self.callbacks)}; resume with the same callbacks"
-            )
-        for cb, cb_state in zip(self.callbacks, state["callbacks"], strict=True):
-            cb.load_state_dict(cb_state)
-        self.history.load_state_dict(state["history"])
-        restore_rng_state(state["rng"])
+        load_trainer_state(self, state)
 
     def save(self, path: str | os.PathLike | None = None) -> Path | None:
         """Write a resumable checkpoint atomically (rank 0 only; returns the path, ``None`` elsewhere)."""
-        path = Path(path) if path is not None else self.checkpoint
-        if path is None:
-            raise ValueError("Trainer.save: expected a path (no checkpoint file was configured)")
-        if not self.is_main_process:
-            return None
-        info = {**self.info, "epoch": self.epoch, "step": self.step, "last": _json_safe(self.history.last())}
-        return save_checkpoint(path, self.state_dict(), config=self.config, kind="training", info=info)
+        return save_trainer(self, path)
 
     def resume(self, path: str | os.PathLike | None = None) -> Trainer:
         """Load a checkpoint written by :meth:`save`; the next :meth:`fit` continues the same run.
@@ -255,51 +171,8 @@ class Trainer:
         Call :meth:`fit` with the same data, batch size, seed and callbacks as the original run;
         ``epochs``, ``max_steps`` and ``time_budget`` count the whole run, not the resumed part.
         """
-        path = Path(path) if path is not None else self.checkpoint
-        if path is None:
-            raise ValueError("Trainer.resume: expected a path (no checkpoint file was configured)")
-        checkpoint = load_checkpoint(path, map_location=self.device)
-        if checkpoint.header.get("kind") != "training":
-            raise CheckpointError(
-                f"{str(path)!r} is a {checkpoint.header.get('kind')!r} checkpoint, not a training one"
-            )
-        self.load_state_dict(checkpoint.state)
+        resume_trainer(self, path)
         return self
-
-    # -- data ------------------------------------------------------------------------------------
-    def _train_loader(self, train: Data, batch_size: int, seed: int, shuffle: bool) -> object:
-        tensors = _tensors(train)
-        if tensors is not None:
-            return TensorLoader(
-                *tensors, batch_size=batch_size, shuffle=shuffle, seed=seed, rank=self.rank, world_size=self.world_size
-            )
-        return train
-
-    def _val_loader(self, val: Data, batch_size: int) -> object:
-        tensors = _tensors(val)
-        if tensors is not None:
-            if self.world_size > 1:
-                tensors = tuple(t[self.rank :: self.world_size] for t in tensors)
-            return TensorLoader(*tensors, batch_size=batch_size, shuffle=False)
-        return val
-
-    def _batches(self, loader: object, steps_per_epoch: int | None) -> Iterator[object]:
-        if isinstance(loader, TensorLoader):
-            loader.epoch, loader.position = self.epoch, self.epoch_step
-            yield from loader
-        elif loader is None:
-            for _ in range(self.epoch_step, steps_per_epoch):
-                yield None
-        else:
-            yield from loader
-
-    def _steps_per_epoch(self, loader: object, steps_per_epoch: int | None) -> int | None:
-        if loader is None:
-            return steps_per_epoch
-        try:
-            return len(loader)
-        except TypeError:
-            return None
 
     # -- the loop --------------------------------------------------------------------------------
     def fit(
@@ -345,15 +218,16 @@ class Trainer:
             raise ValueError("Trainer.fit: expected at least one of epochs, max_steps or time_budget")
         if train is None and not steps_per_epoch:
             raise ValueError("Trainer.fit: expected steps_per_epoch when there is no training data (train=None)")
-        loader = self._train_loader(train, batch_size, seed, shuffle)
-        val_loader = self._val_loader(val, val_batch_size or max(batch_size, 1024))
-        per_epoch = self._steps_per_epoch(loader, steps_per_epoch)
+        loader = train_loader(train, batch_size, seed, shuffle, self.rank, self.world_size)
+        validation = val_loader(val, val_batch_size or max(batch_size, 1024), self.rank, self.world_size)
+        per_epoch = steps_in_epoch(loader, steps_per_epoch)
         self.epochs_target = epochs
         self.should_stop = False
+        self.interrupted = None
         session_start = time.perf_counter()
         elapsed_before = self.elapsed
         last_save = time.perf_counter()
-        bar = self._progress_bar(epochs, per_epoch, max_steps)
+        bar = progress_bar(self.progress, self.is_main_process, epochs, per_epoch, max_steps, self.step)
         if not self.model.training:  # submodules a user put in eval mode on a training model stay so
             self.model.train()
         if self.guard is not None:
@@ -361,7 +235,9 @@ class Trainer:
         for cb in self.callbacks:
             cb.on_fit_start(self)
         stop_reason = None
+        stack = contextlib.ExitStack()
         try:
+            stack.enter_context(stop_on_signals(self))
             while stop_reason is None:
                 if epochs is not None and self.epoch >= epochs:
                     stop_reason = "epochs"
@@ -371,7 +247,7 @@ class Trainer:
                         cb.on_epoch_start(self)
                 finished_epoch = True
                 served = 0
-                for batch in self._batches(loader, steps_per_epoch):
+                for batch in epoch_batches(loader, self.epoch, self.epoch_step, steps_per_epoch):
                     served += 1
                     metrics = self._step(batch)
                     self.epoch_step += 1
@@ -396,41 +272,29 @@ class Trainer:
                         self.save()
                         last_save = time.perf_counter()
                 if served == 0 and self.epoch_step == 0:
-                    raise ValueError("Trainer.fit: the training data yielded no batch in an epoch")
+                    raise ValueError(
+                        "Trainer.fit: the training data yielded no batch in an epoch (fewer samples than processes, "
+                        "or drop_last with fewer samples than batch_size)"
+                    )
                 if finished_epoch:
                     self.epoch += 1
                     self.epoch_step = 0
                 fraction = None if finished_epoch else (self.epoch_step / per_epoch if per_epoch else 0.0)
-                self._end_epoch(val_loader, fraction)
+                self._end_epoch(validation, fraction)
                 if self.should_stop and stop_reason is None:
                     stop_reason = "callback"
                 if self.checkpoint is not None and time.perf_counter() - last_save >= self.checkpoint_every:
                     self.save()
                     last_save = time.perf_counter()
-        except KeyboardInterrupt:
-            if self.checkpoint is not None:
-                self.save()
-            raise
         finally:
+            stack.close()
             if bar is not None:
                 bar.close()
+        if self.checkpoint is not None:  # the exact training state, before callbacks restore best weights
+            self.save()
         for cb in self.callbacks:
             cb.on_fit_end(self)
-        if self.checkpoint is not None:
-            self.save()
         return self.history
-
-    def _progress_bar(self, epochs: int | None, per_epoch: int | None, max_steps: int | None):
-        show = self.progress if self.progress is not None else sys.stderr.isatty()
-        if not show or not self.is_main_process:
-            return None
-        from tqdm.auto import tqdm
-
-        total = max_steps
-        if epochs is not None and per_epoch is not None:
-            total = min(total or math.inf, epochs * per_epoch)
-        total = None if total is None or total == math.inf else int(total)
-        return tqdm(total=total, initial=min(self.step, total or self.step), unit="step", dynamic_ncols=True)
 
     def _agree(self, flag: bool) -> bool:
         """``flag`` on any process means stop on every process."""
@@ -440,16 +304,9 @@ class Trainer:
         dist.all_reduce(t, op=dist.ReduceOp.MAX)
         return bool(t.item())
 
-    def _grad_norm(self) -> Tensor:
-        grads = [p.grad for p in self._params if p.grad is not None]
-        if self.clip_grad_norm is not None:
-            return torch.nn.utils.clip_grad_norm_(self._params, self.clip_grad_norm)
-        if not grads:
-            return torch.zeros(())
-        return torch.linalg.vector_norm(torch.stack(torch._foreach_norm(grads)))
-
     def _step(self, batch: object) -> dict[str, float]:
-        batch = _to_device(batch, self.device)
+        if self.device.type != "cpu":  # CPU batches are where a CPU model needs them
+            batch = to_device(batch, self.device)
         self.step += 1
         with AuxiliaryLosses() as aux:
             loss, metrics = _as_output(self._forward(batch))
@@ -457,16 +314,15 @@ class Trainer:
         if len(aux):
             total = loss + aux.total()
             metrics = {**metrics, **{f"aux_{name}": value.detach() for name, value in aux.by_name().items()}}
-        finite = bool(torch.isfinite(total))
+        value = float(total.detach())
+        finite = math.isfinite(value)
         if not finite and self.guard is None:
-            raise FloatingPointError(
-                f"step {self.step}: non-finite loss {float(total.detach())} (the NaN guard is off)"
-            )
+            raise FloatingPointError(f"step {self.step}: non-finite loss {value} (the NaN guard is off)")
         self.optimizer.zero_grad(set_to_none=True)
         grad_norm = math.nan
         if finite or self.world_size > 1:  # in multi-process runs every process joins the gradient all-reduce
             total.backward()
-            grad_norm = float(self._grad_norm())
+            grad_norm = global_grad_norm(self._params, self.clip_grad_norm)
         ok = finite and math.isfinite(grad_norm)
         if self.world_size > 1:
             ok = not self._agree(not ok)
@@ -498,7 +354,7 @@ class Trainer:
         sums["grad_norm"] = sums.get("grad_norm", 0.0) + grad_norm * n
         self._epoch_count += n
 
-    def _end_epoch(self, val_loader: object, fraction: float | None) -> None:
+    def _end_epoch(self, validation: object, fraction: float | None) -> None:
         sums, count = self._epoch_sums, self._epoch_count
         record: dict[str, float] = {"epoch": self.epoch if fraction is None else self.epoch + fraction}
         record["step"] = self.step
@@ -507,8 +363,8 @@ class Trainer:
         record.update(means)
         if sums.get("skipped"):
             record["skipped"] = sums["skipped"]
-        if val_loader is not None:
-            record.update({f"val_{k}": v for k, v in self.evaluate(val_loader).items()})
+        if validation is not None:
+            record.update({f"val_{k}": v for k, v in self.evaluate(validation).items()})
         record["lr"] = self.lr
         record["time"] = self.elapsed
         self.history.append(record)
@@ -519,8 +375,9 @@ class Trainer:
                 self.scheduler.step(record.get("val_loss", record.get("loss", math.inf)))
             else:
                 self.scheduler.step()
-        for cb in self.callbacks:
-            cb.on_epoch_end(self, record)
+        if fraction is None:  # callbacks (early stopping, ...) judge whole epochs only, as an uninterrupted run would
+            for cb in self.callbacks:
+                cb.on_epoch_end(self, record)
 
     def evaluate(self, data: Data, *, batch_size: int = 1024) -> dict[str, float]:
         """The objective's validation measures on ``data``, in eval mode, without gradients.
@@ -528,18 +385,16 @@ class Trainer:
         In multi-process runs each process evaluates its share and the results are averaged.
         """
         loader = (
-            data if isinstance(data, TensorLoader) or _tensors(data) is None else self._val_loader(data, batch_size)
+            data
+            if isinstance(data, TensorLoader) or as_tensors(data) is None
+            else val_loader(data, batch_size, self.rank, self.world_size)
         )
         count = loader.num_samples if isinstance(loader, TensorLoader) else 1
         with evaluating(self.model), torch.no_grad():
-            batches = (_to_device(b, self.device) for b in loader)
+            batches = (to_device(b, self.device) for b in loader)
             evaluate = getattr(self.objective, "evaluate", None)
             if evaluate is None:  # a plain callable objective: average its loss
                 metrics = Objective.evaluate(self.objective, self.model, batches)
             else:
                 metrics = evaluate(self.model, batches)
         return all_reduce_weighted_mean(metrics, float(count), self.device)
-
-
-def _json_safe(record: dict[str, float]) -> dict[str, float | None]:
-    return {k: (v if isinstance(v, (int, float)) and math.isfinite(v) else None) for k, v in record.items()}

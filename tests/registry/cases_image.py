@@ -114,6 +114,15 @@ CASES = [
     ),
     Case("glow-transform", _seeded(_glow), (1, 8, 8), domain="unit", warmup=True, atol=1e-6, tags=("image",)),
     Case(
+        "glow-transform-circulant",
+        _seeded(lambda: _glow(mixer="circulant", coupling="additive")),
+        (1, 8, 8),
+        domain="unit",
+        warmup=True,
+        atol=1e-6,
+        tags=("image",),
+    ),
+    Case(
         "glow-transform-eiw-lu",
         _seeded(lambda: _glow(split="eiw", mixer="lu", eiw_update_steps=1)),
         (1, 8, 8),

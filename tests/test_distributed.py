@@ -1,0 +1,81 @@
+"""Two processes (gloo on CPU) train to the same model as one process with the same global batch."""
+
+from __future__ import annotations
+
+import time
+from pathlib import Path
+
+import pytest
+import torch
+import torch.distributed as dist
+import torch.multiprocessing as mp
+
+import flows
+from flows.train import MaximumLikelihood, Trainer
+from flows.train.distributed import all_reduce_weighted_mean
+
+pytestmark = pytest.mark.skipif(not dist.is_available(), reason="torch.distributed is not available")
+
+
+def _setup() -> tuple[flows.Flow, torch.Tensor, torch.Tensor]:
+    torch.manual_seed(0)
+    realnvp = flows.RealNVP(3, transforms=2, hidden=(16,))
+    model = flows.Flow(flows.Chain(flows.ActNorm(3), realnvp.transform), realnvp.base).double()
+    g = torch.Generator().manual_seed(1)
+    data = torch.randn(96, 3, generator=g, dtype=torch.float64) * torch.tensor([3.0, 1.0, 0.2], dtype=torch.float64)
+    return model, data[:64], data[64:]
+
+
+def _fit(model: flows.Flow, train: torch.Tensor, val: torch.Tensor):
+    trainer = Trainer(model, MaximumLikelihood(), lr=1e-2, clip_grad_norm=5.0)
+    history = trainer.fit(train, val, epochs=3, batch_size=16, seed=5)
+    return trainer, history
+
+
+def _worker(rank: int, store: str, out: str) -> None:
+    torch.set_num_threads(1)
+    dist.init_process_group("gloo", init_method=f"file://{store}", rank=rank, world_size=2)
+    try:
+        model, train, val = _setup()
+        torch.manual_seed(100 + rank)  # different per-process random state must not matter here
+        trainer, history = _fit(model, train, val)
+        mean = all_reduce_weighted_mean({"x": float(rank)}, weight=1.0 + rank, device=torch.device("cpu"))
+        if rank == 0:
+            torch.save(
+                {
+                    "state": trainer.model.state_dict(),
+                    "val_loss": history["val_loss"],
+                    "loss": history["loss"],
+                    "mean": mean,
+                },
+                out,
+            )
+    finally:
+        dist.destroy_process_group()
+
+
+def test_two_processes_match_one(tmp_path: Path) -> None:
+    torch.set_num_threads(1)
+    out = tmp_path / "ddp.pt"
+    # fork: the children inherit the imports (spawn re-imports torch twice, ~10 s more on a busy machine);
+    # each sets one intra-op thread first, so no OpenMP pool is used across the fork.
+    context = mp.start_processes(
+        _worker, args=(str(tmp_path / "store"), str(out)), nprocs=2, start_method="fork", join=False
+    )
+    deadline = time.monotonic() + 240
+    while not context.join(timeout=1):
+        if time.monotonic() > deadline:
+            for process in context.processes:
+                process.kill()
+            pytest.fail("the two training processes did not finish within 240 s")
+    result = torch.load(out, weights_only=True)
+
+    model, train, val = _setup()
+    trainer, history = _fit(model, train, val)
+    single = trainer.model.state_dict()
+    assert bool(single["transform.transforms.0.initialized"])
+    for name, value in single.items():  # float64; only the summation order differs
+        torch.testing.assert_close(result["state"][name], value, rtol=1e-9, atol=1e-10, msg=name)
+    assert result["val_loss"] == pytest.approx(history["val_loss"], rel=1e-9)
+    assert result["loss"] == pytest.approx(history["loss"], rel=1e-9)
+    assert result["mean"] == {"x": pytest.approx(2 / 3)}  # (0 * 1 + 1 * 2) / (1 + 2)
