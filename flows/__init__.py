@@ -4,9 +4,10 @@ Direction convention: a transform's forward direction maps data ``x`` to latent 
 ``log p(x) = log p_Z(f(x)) + log|det J_f(x)|``. Sampling runs the inverse.
 """
 
-from flows.architectures import IAF, MAF, NICE, NSF, FreeFormInjectiveFlow, Glow, RealNVP
+from flows.architectures import FFJORD, IAF, MAF, NICE, NSF, FreeFormInjectiveFlow, Glow, RealNVP
 from flows.auxiliary import AuxiliaryLosses, add_auxiliary_loss
 from flows.bijections import (
+    CNF,
     ActNorm,
     ActNorm2d,
     AdditiveCoupling,
@@ -48,12 +49,14 @@ from flows.bijections import (
 from flows.dependent import DependentFlow, MatrixNormal
 from flows.distributions import DiagNormal, Distribution, StandardNormal
 from flows.flow import Flow, evaluating
-from flows.nn import MADE, MLP, ConvNet, PooledMLP
+from flows.nn import MADE, MLP, ConvNet, PooledMLP, TimeMLP
 from flows.testing import BijectionCheckError, check_bijection
 
 __version__ = "0.1.0"
 
 __all__ = [
+    "CNF",
+    "FFJORD",
     "IAF",
     "MADE",
     "MAF",
@@ -109,6 +112,7 @@ __all__ = [
     "Squeeze",
     "StandardNormal",
     "Standardize",
+    "TimeMLP",
     "Transformer",
     "__version__",
     "add_auxiliary_loss",

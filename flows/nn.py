@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import itertools
+import math
 from collections.abc import Callable, Sequence
 
 import torch
@@ -11,7 +12,7 @@ from torch import Tensor, nn
 
 from flows._validation import check_context
 
-__all__ = ["MADE", "MLP", "ConvNet", "PooledMLP"]
+__all__ = ["MADE", "MLP", "ConvNet", "PooledMLP", "TimeMLP"]
 
 
 class MLP(nn.Module):
@@ -366,6 +367,147 @@ class MADE(nn.Module):
                 solved[:, t : t + 1] = x_i
         x = torch.cat(values, dim=1) if record else solved
         return x[:, order].reshape(*batch_shape, d)
+
+
+def _activation_and_derivative(layer: nn.Module, h: Tensor) -> tuple[Tensor, Tensor]:
+    """``(σ(h), σ'(h))`` for the elementwise activations :class:`TimeMLP` can differentiate by hand."""
+    if isinstance(layer, nn.Tanh):
+        a = torch.tanh(h)
+        return a, 1 - a.square()
+    if isinstance(layer, nn.Softplus):
+        # σ(βh) is also the slope past the linear threshold, to within e^{-threshold}
+        return layer(h), torch.sigmoid(h * layer.beta) if layer.beta != 1 else torch.sigmoid(h)
+    if isinstance(layer, nn.ELU):
+        a = layer(h)
+        return a, torch.where(h > 0, torch.ones_like(h), a + layer.alpha)
+    if isinstance(layer, nn.SiLU):
+        s = torch.sigmoid(h)
+        return h * s, s * (1 + h * (1 - s))
+    if isinstance(layer, nn.Sigmoid):
+        a = torch.sigmoid(h)
+        return a, a * (1 - a)
+    raise TypeError(f"TimeMLP: no derivative known for {type(layer).__name__}")
+
+
+TIME_MLP_ACTIVATIONS = (nn.Tanh, nn.Softplus, nn.ELU, nn.SiLU, nn.Sigmoid)
+
+
+class TimeMLP(nn.Module):
+    r"""Time-dependent vector field :math:`f(t, z; c)` for continuous flows, with fused Jacobian-vector products.
+
+    The network is an :class:`MLP` applied to
+    :math:`[z, \cos(\pi k t), \sin(\pi k t)]_{k=1..\text{freqs}}` (zuko's time embedding; with
+    ``freqs=0``, to :math:`[z, t]`), and the context ``c`` when there is one. The default ``freqs=1``
+    is periodic in :math:`t` with period 2, ample for the usual interval ``[0, 1]``. Time features
+    of high frequency make the field vary fast in :math:`t` and the solver take more steps: on two
+    moons (25 epochs), ``freqs=3`` needed about 2x the function evaluations of ``freqs=1`` for a
+    worse likelihood, and ``freqs=0`` 15% fewer evaluations for a likelihood worse by 0.08 nats.
+
+    Besides ``forward(t, z, context)``, :meth:`jvp` returns the field together with
+    :math:`J v = (\partial f/\partial z) v` for a stack of tangents :math:`v`, propagated through
+    the layers in forward mode by hand (``v ← W v`` through a linear layer, ``v ← σ'(h) ⊙ v``
+    through an activation). This is what makes :class:`~flows.CNF` cheap: the exact trace
+    :math:`\operatorname{tr} J = \sum_i (J e_i)_i` costs one pass with ``D`` tangents and the
+    Hutchinson estimate :math:`\varepsilon^\top J \varepsilon` one pass with one tangent, both
+    differentiable with ordinary first-order backpropagation (no double backward) and available
+    without building a graph at evaluation time.
+
+    The activation must be smooth (the solver adapts its steps to the field's smoothness; ``ReLU``
+    is refused) and one of ``nn.Tanh``, ``nn.Softplus``, ``nn.ELU``, ``nn.SiLU``, ``nn.Sigmoid``.
+    ``ELU`` has a discontinuous second derivative, which costs adaptive solvers extra steps at
+    tight tolerances. Unlike the coupling conditioners, the last layer keeps PyTorch's default
+    initialisation (as in FFJORD and zuko): on two moons, a zero last layer trained slower and
+    with more function evaluations.
+
+    Args:
+        features: dimension ``D`` of the state ``z``.
+        context: width of the context input (0 for none).
+        hidden: widths of the hidden layers.
+        activation: constructor of the nonlinearity (one of the classes above).
+        freqs: number of time frequencies (``2 · freqs`` time features; 0 feeds ``t`` itself).
+        zero_init: zero the weights and bias of the last layer (the flow starts at the identity).
+
+    Example:
+        >>> import torch
+        >>> field = TimeMLP(3, hidden=(16,))
+        >>> t, z = torch.tensor(0.5), torch.randn(4, 3)
+        >>> f, jv = field.jvp(t, z, torch.eye(3)[:, None, :])  # the three Jacobian columns
+        >>> f.shape, jv.shape
+        (torch.Size([4, 3]), torch.Size([3, 4, 3]))
+        >>> jacobian = torch.func.jacrev(lambda v: field(t, v))(z[0])
+        >>> torch.allclose(jv[:, 0, :].T, jacobian, atol=1e-6)
+        True
+    """
+
+    def __init__(
+        self,
+        features: int,
+        context: int = 0,
+        *,
+        hidden: Sequence[int] = (64, 64),
+        activation: Callable[[], nn.Module] = nn.Tanh,
+        freqs: int = 1,
+        zero_init: bool = False,
+    ) -> None:
+        super().__init__()
+        if not isinstance(features, int) or features <= 0:
+            raise ValueError(f"TimeMLP: expected features to be a positive int, got {features!r}")
+        if not isinstance(freqs, int) or freqs < 0:
+            raise ValueError(f"TimeMLP: expected freqs to be an int >= 0, got {freqs!r}")
+        if not hidden:
+            raise ValueError("TimeMLP: expected at least one hidden layer, got hidden=()")
+        self.features, self.context_features = features, context
+        time_features = 2 * freqs if freqs else 1
+        self.mlp = MLP(
+            features + time_features, features, hidden, context=context, activation=activation, zero_init=zero_init
+        )
+        for layer in self.mlp.net:
+            if not isinstance(layer, (nn.Linear, *TIME_MLP_ACTIVATIONS)):
+                names = ", ".join(f"nn.{c.__name__}" for c in TIME_MLP_ACTIVATIONS)
+                raise ValueError(f"TimeMLP: expected a smooth activation among {names}, got {type(layer).__name__}")
+        self.register_buffer("freqs", torch.arange(1, freqs + 1, dtype=torch.get_default_dtype()) * math.pi)
+
+    def _inputs(self, t: Tensor, z: Tensor, context: Tensor | None) -> Tensor:
+        t = torch.as_tensor(t, dtype=z.dtype, device=z.device)
+        if self.freqs.numel():
+            angles = self.freqs * t
+            time = torch.cat((angles.cos(), angles.sin()))
+        else:
+            time = t.reshape(1)
+        parts = [z, time.expand(*z.shape[:-1], time.shape[-1])]
+        if self.context_features:
+            check_context(context, self.context_features, "TimeMLP")
+            parts.append(context.expand(*z.shape[:-1], self.context_features))
+        return torch.cat(parts, dim=-1)
+
+    def forward(self, t: Tensor, z: Tensor, context: Tensor | None = None) -> Tensor:
+        """The field ``f(t, z; c)`` of shape ``(*batch, D)`` for ``z`` of shape ``(*batch, D)``."""
+        return self.mlp.net(self._inputs(t, z, context))
+
+    def jvp(self, t: Tensor, z: Tensor, tangents: Tensor, context: Tensor | None = None) -> tuple[Tensor, Tensor]:
+        """The field and its Jacobian-vector products in one pass.
+
+        Args:
+            t: time (a scalar tensor).
+            z: states, shape ``(N, D)``.
+            tangents: ``K`` stacked tangents, shape ``(K, N, D)`` or ``(K, 1, D)`` (shared by all states).
+            context: context of shape ``(N, context)`` when the field is conditional.
+
+        Returns:
+            ``(f, Jv)`` of shapes ``(N, D)`` and ``(K, N, D)``.
+        """
+        layers = list(self.mlp.net)
+        first = layers[0]
+        h = first(self._inputs(t, z, context))
+        v = tangents @ first.weight[:, : self.features].T
+        for layer in layers[1:]:
+            if isinstance(layer, nn.Linear):
+                h = layer(h)
+                v = v @ layer.weight.T
+            else:
+                h, derivative = _activation_and_derivative(layer, h)
+                v = v * derivative
+        return h, v
 
 
 def _expand_context(context: Tensor, x: Tensor, features: int, who: str) -> Tensor:

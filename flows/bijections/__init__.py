@@ -4,6 +4,7 @@ from flows.bijections.autoregressive import MaskedAutoregressive
 from flows.bijections.base import Bijection, Chain, Inverse, InverseNotAvailable
 from flows.bijections.blockwise import SharedBlocks
 from flows.bijections.circulant import CirculantDiagonal, CirculantDiagonal2d
+from flows.bijections.continuous import CNF, total_nfe
 from flows.bijections.conv import Invertible1x1Conv
 from flows.bijections.coupling import AdditiveCoupling, AffineCoupling, Coupling, alternating_mask, half_mask
 from flows.bijections.eiw import EIWShuffle, EntropyPermutation
@@ -19,6 +20,7 @@ from flows.bijections.stochastic import HMCBlock, LangevinBlock, MetropolisBlock
 from flows.bijections.transformers import AdditiveTransformer, AffineTransformer, Transformer
 
 __all__ = [
+    "CNF",
     "ActNorm",
     "ActNorm2d",
     "AdditiveCoupling",
@@ -61,4 +63,5 @@ __all__ = [
     "half_log_det_gram",
     "half_mask",
     "orthogonal_probes",
+    "total_nfe",
 ]
