@@ -40,7 +40,7 @@ from flows.metrics import bits_per_dim
 from flows.nn import ConvNet
 
 SHAPE = (1, 8, 8)
-OPTIONAL = ("ours/eiw/lu",)  # run only when named in --contenders
+OPTIONAL = ("ours/eiw/lu", "ours/static/circulant-m4")  # run only when named in --contenders
 DIMS = 64
 ALPHA = 1e-6
 
@@ -154,6 +154,8 @@ def contender_builders(args: argparse.Namespace) -> dict[str, Callable[[], tuple
         "nflows": nflows_multiscale(args),
     }
     builders["ours/static/circulant"] = ours("static", "circulant", args)
+    # CDFlow ablation (issue 4): the circulant mixer with m = 4 diagonal factors instead of 2
+    builders["ours/static/circulant-m4"] = ours("static", "circulant", args, circulant_factors=4)
     return builders
 
 
