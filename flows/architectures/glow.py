@@ -35,6 +35,7 @@ from flows.bijections.transformers import AffineTransformer
 from flows.distributions import StandardNormal
 from flows.flow import Flow
 from flows.nn import ConvNet
+from flows.sharing import StepConditioner
 
 __all__ = ["Glow"]
 
@@ -98,6 +99,10 @@ class Glow(Flow):
         eiw_hidden: hidden widths of the EIW weight networks.
         eiw_regularization: weight of the EIW regulariser (see :class:`~flows.bijections.eiw.EIWShuffle`).
         eiw_momentum, eiw_margin, eiw_update_steps: see :class:`~flows.bijections.eiw.EntropyPermutation`.
+        share_conditioner: NanoFlow parameter sharing (:mod:`flows.sharing`): one coupling network
+            per level shared by all its steps, each step with a learned ``(embedding, H, W)``
+            flow-indication map (extra input channels) and a per-channel output gate.
+        embedding: channels of the per-step embedding map when sharing.
 
     Raises:
         ValueError: for a shape that cannot be squeezed ``levels`` times, or an unknown option.
@@ -140,6 +145,8 @@ class Glow(Flow):
         eiw_momentum: float = 0.05,
         eiw_margin: float = 0.1,
         eiw_update_steps: int | None = None,
+        share_conditioner: bool = False,
+        embedding: int = 8,
     ) -> None:
         shape = tuple(shape)
         if len(shape) != 3 or not all(isinstance(s, int) and s > 0 for s in shape):
@@ -165,6 +172,8 @@ class Glow(Flow):
             "kernel_size": kernel_size,
             "activation": activation,
             "circulant_factors": circulant_factors,
+            "share": share_conditioner,
+            "embedding": embedding,
             "eiw": {
                 "hidden": tuple(eiw_hidden),
                 "regularization": eiw_regularization,
@@ -189,19 +198,27 @@ class Glow(Flow):
         # Like the 1×1 convolution: a random orthogonal start that mixes all channels, no bias (ActNorm has one).
         return CirculantDiagonal2d(channels, factors=options["circulant_factors"], init="orthogonal", bias=False)
 
-    def _step(self, channels: int, options: dict) -> list[Bijection]:
-        context = options["context"]
+    def _coupling_net(self, channels: int, options: dict, extra_inputs: int = 0) -> ConvNet:
         n_kept = channels // 2
-        layer = AffineCoupling if self.coupling == "affine" else AdditiveCoupling
         params = 2 if self.coupling == "affine" else 1
-        net = ConvNet(
-            n_kept,
+        return ConvNet(
+            n_kept + extra_inputs,
             params * (channels - n_kept),
             (options["hidden"], options["hidden"]),
-            context=context,
+            context=options["context"],
             kernel_size=options["kernel_size"],
             activation=options["activation"],
         )
+
+    def _step(
+        self, channels: int, options: dict, shared: ConvNet | None = None, size: tuple[int, int] = (1, 1)
+    ) -> list[Bijection]:
+        context = options["context"]
+        layer = AffineCoupling if self.coupling == "affine" else AdditiveCoupling
+        if shared is None:
+            net = self._coupling_net(channels, options)
+        else:  # NanoFlow: the level's shared network, this step's embedding map and gate
+            net = StepConditioner(shared, (options["embedding"], *size), shared.out_channels)
         extra = {"clamp": options["clamp"]} if self.coupling == "affine" else {}
         coupling = layer((channels, None, None), context, mask=half_mask(channels), conditioner=net, **extra)
         return [ActNorm2d(channels), self._mixer(channels, options), coupling]
@@ -210,8 +227,9 @@ class Glow(Flow):
         c, h, w = shape
         c, h, w = 4 * c, h // 2, w // 2
         layers: list[Bijection] = [Squeeze(shape[0])]
+        shared = self._coupling_net(c, options, extra_inputs=options["embedding"]) if options["share"] else None
         for _ in range(self.steps):
-            layers += self._step(c, options)
+            layers += self._step(c, options, shared, (h, w))
         if level == self.levels - 1:
             return Chain(*layers, ActNorm2d(c), Flatten((c, h, w)))
         keep = c // 2
