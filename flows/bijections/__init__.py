@@ -5,10 +5,13 @@ from flows.bijections.base import Bijection, Chain, Inverse, InverseNotAvailable
 from flows.bijections.blockwise import SharedBlocks
 from flows.bijections.circulant import CirculantDiagonal, CirculantDiagonal2d
 from flows.bijections.continuous import CNF, total_nfe
+from flows.bijections.conv import Invertible1x1Conv
 from flows.bijections.coupling import AdditiveCoupling, AffineCoupling, Coupling, alternating_mask, half_mask
+from flows.bijections.eiw import EIWShuffle, EntropyPermutation
 from flows.bijections.elementwise import Affine, Elementwise, Logit, Sigmoid
 from flows.bijections.injective import FreeFormInjective, InjectiveLinear, half_log_det_gram, orthogonal_probes
 from flows.bijections.linear import LULinear
+from flows.bijections.multiscale import Flatten, Split, Squeeze
 from flows.bijections.normalization import ActNorm, ActNorm2d, BatchNorm
 from flows.bijections.permutation import Permutation, Reverse
 from flows.bijections.splines import RationalQuadraticSpline
@@ -31,12 +34,16 @@ __all__ = [
     "CirculantDiagonal",
     "CirculantDiagonal2d",
     "Coupling",
+    "EIWShuffle",
     "Elementwise",
+    "EntropyPermutation",
+    "Flatten",
     "FreeFormInjective",
     "HMCBlock",
     "InjectiveLinear",
     "Inverse",
     "InverseNotAvailable",
+    "Invertible1x1Conv",
     "LULinear",
     "LangevinBlock",
     "Logit",
@@ -47,6 +54,8 @@ __all__ = [
     "Reverse",
     "SharedBlocks",
     "Sigmoid",
+    "Split",
+    "Squeeze",
     "Standardize",
     "StochasticBlock",
     "Transformer",
