@@ -230,10 +230,9 @@ def _locate(
     shape = v.shape
     trailing = (1,) * len(shape)
     dtype, device = theta.dtype, theta.device
-    table = torch.empty((k, 3, *shape), dtype=dtype, device=device)
-    e = table[:, :2].movedim(0, 1)  # (2, K, *S) view
-    e.copy_(theta[: 2 * k].unflatten(0, (2, k)))
-    e.sub_(e.amax(1, keepdim=True)).mul_(_LOG2E).exp2_()  # softmax numerators
+    e = torch.empty((2, k, *shape), dtype=dtype, device=device)
+    torch.mul(theta[: 2 * k].unflatten(0, (2, k)), _LOG2E, out=e)
+    e.sub_(e.amax(1, keepdim=True)).exp2_()  # softmax numerators, (2, K, *S)
     inverse_total = e.sum(1).reciprocal_()  # (2, *S)
     scaled = inverse_total.mul(scales.view(2, *trailing))  # s / total
     # b[j] = [j <= k], from the interior knots of the searched row, o_j + (s / total) C_j for j = 1..K-1
@@ -249,7 +248,7 @@ def _locate(
         interior.mul_(scaled[row]).add_(offsets[row, 1:k].view(k - 1, *trailing))
         torch.ge(v, interior, out=interior)
     below = b[1:k]  # [l < k] for l = 0..K-2
-    steps = table[:, 2]  # r_{l+1} - r_l for l = 0..K-1
+    steps = torch.empty((k, *shape), dtype=dtype, device=device)  # r_{l+1} - r_l for l = 0..K-1
     r = theta[2 * k :]
     if k > 1:
         steps[0].copy_(r[0])
@@ -257,39 +256,49 @@ def _locate(
         torch.neg(r[-1], out=steps[k - 1])
     else:
         steps.zero_()
-    # sums[0] = Σ_l [l < k] table[l], sums[1] = table[0] + Σ_l [l < k] table[l + 1]: (C_k, C_{k+1}, r_k, r_{k+1})
-    sums = torch.zeros((2, 3, *shape), dtype=dtype, device=device)
-    for m in range(k - 1):
-        sums.addcmul_(table[m : m + 2], below[m])
-    sums[1].add_(table[0])
+    # Masked sums, [:, 0] = Σ_l [l < k] t[l] and [:, 1] = t[0] + Σ_l [l < k] t[l + 1], for t = e (giving C_k and
+    # C_{k+1} of both rows) and t = steps (r_k and r_{k+1}). (Two arrays rather than one table: no temporary is
+    # larger than the parameters, so none falls above glibc's mmap threshold and page-faults on every call.)
+    if k > 1:
+        sums = e[:, 0:2] * below[0]
+        raw = steps[0:2] * below[0]
+        for m in range(1, k - 1):
+            sums.addcmul_(e[:, m : m + 2], below[m])
+            raw.addcmul_(steps[m : m + 2], below[m])
+    else:
+        sums = torch.zeros((2, 2, *shape), dtype=dtype, device=device)
+        raw = torch.zeros((2, *shape), dtype=dtype, device=device)
+    sums[:, 1].add_(e[:, 0])
+    raw[1].add_(steps[0])
     index = below.sum(0)  # the bin, as a float
-    c_low, c_high = sums[0, :2], sums[1, :2]
+    c_low, c_high = sums[:, 0], sums[:, 1]
     step = (offsets[:, 1] - offsets[:, 0]).view(2, *trailing)  # o_j = o_0 + step j
     lower = torch.addcmul(offsets[:, 0].view(2, *trailing), index, step).addcmul_(c_low, scaled)  # knot k
     size = torch.addcmul(step, c_high - c_low, scaled)  # knot k + 1 - knot k
-    raw = sums[:, 2].add(shift)
-    return lower, size, raw, (e, b, scaled, c_low.mul(inverse_total), c_high.mul(inverse_total))
+    raw.add_(shift)
+    return lower, size, raw, (e, b, scaled, inverse_total, c_low, c_high)
 
 
-def _locate_backward(saved: tuple[Tensor, ...], g_lower: Tensor, g_size: Tensor, g_raw: Tensor, out: Tensor) -> None:
+def _locate_backward(saved: tuple[Tensor, ...], g_low: Tensor, g_high: Tensor, g_raw: Tensor, out: Tensor) -> None:
     r"""Write the gradient of :func:`_locate`'s outputs with respect to ``theta`` into ``out`` (``(3K - 1, *S)``).
 
-    Knot ``j`` is :math:`o_j + s\,\hat C_j` with :math:`\hat C_j = \sum_{i<j} p_i`, ``p = softmax(u)``,
-    and :math:`\partial \hat C_j / \partial u_l = p_l([l < j] - \hat C_j)`; for the two knots of
-    the bin, with :math:`a = (g_{lower} - g_{size})\,s/\text{total}` and
-    :math:`b = g_{size}\,s/\text{total}`:
-    :math:`\partial L/\partial u_l = e_l\,(a [l < k] + b [l \le k] - a \hat C_k - b \hat C_{k+1})`.
+    ``g_low`` and ``g_high`` (``(2, *S)``) are the gradients with respect to the bin's two knots
+    (rows x and y), ``g_raw`` those with respect to its raw derivatives. Knot ``j`` is
+    :math:`o_j + s\,\hat C_j` with :math:`\hat C_j = \sum_{i<j} p_i`, ``p = softmax(u)``, and
+    :math:`\partial \hat C_j / \partial u_l = p_l([l < j] - \hat C_j)`; with
+    :math:`a = g_{low}\,s/\text{total}` and :math:`c = g_{high}\,s/\text{total}`:
+    :math:`\partial L/\partial u_l = e_l\,(a [l < k] + c [l \le k] - a \hat C_k - c \hat C_{k+1})`.
     The raw derivatives give :math:`\partial r_k / \partial r_j = [j = k] = b[j] - b[j+1]`.
     Each part of ``out`` is written once (it may be a strided view of the parameters' layout).
     """
-    e, b, scaled, c_low, c_high = saved
+    e, b, scaled, inverse_total, c_low, c_high = saved
     k = e.shape[1]
-    a = (g_lower - g_size).mul_(scaled)
-    c = g_size * scaled
-    gamma = torch.addcmul(a * c_low, c, c_high)
-    g = torch.addcmul(gamma.unsqueeze(1).neg_(), b[1:].unsqueeze(0), a.unsqueeze(1))  # (2, K, *S)
-    g.addcmul_(b[:-1].unsqueeze(0), c.unsqueeze(1))
-    torch.mul(g, e, out=out[: 2 * k].unflatten(0, (2, k)))
+    a = g_low * scaled
+    c = g_high * scaled
+    gamma = torch.addcmul(a * c_low, c, c_high).mul_(inverse_total)
+    g = out[: 2 * k].unflatten(0, (2, k))  # (2, K, *S), written in place (no temporary of that size)
+    torch.addcmul(gamma.unsqueeze(1).neg_(), b[1:].unsqueeze(0), a.unsqueeze(1), out=g)
+    g.addcmul_(b[:-1].unsqueeze(0), c.unsqueeze(1)).mul_(e)
     if k > 1:
         d0, d1 = g_raw[0], g_raw[1]
         g = b[1:k] * (d0 - d1)
@@ -314,7 +323,7 @@ class _BinEnds(torch.autograd.Function):
     @torch.autograd.function.once_differentiable
     def backward(ctx, grad_lower: Tensor, grad_size: Tensor, grad_raw: Tensor) -> tuple[Tensor | None, ...]:
         grad = _empty_like(*ctx.layout)
-        _locate_backward(ctx.saved, grad_lower, grad_size, grad_raw, grad.movedim(-1, 0))
+        _locate_backward(ctx.saved, grad_lower - grad_size, grad_size, grad_raw, grad.movedim(-1, 0))
         return grad, None, None, None, None, None
 
 
@@ -331,10 +340,11 @@ def _forward_map(
     den = torch.addcmul(s, delta, t)  # s + (d_k + d_{k+1} - 2s) t
     q = torch.addcmul(d_k * t, s, xi2) / den  # (s ξ² + d_k t) / den
     y = torch.addcmul(y_k, h, q)
+    one_minus2 = one_minus * one_minus
     numerator = torch.addcmul(d_k1 * xi2, s, t, value=2)
-    numerator = torch.addcmul(numerator, d_k, one_minus * one_minus)  # d_{k+1} ξ² + 2 s t + d_k (1-ξ)²
+    numerator = torch.addcmul(numerator, d_k, one_minus2)  # d_{k+1} ξ² + 2 s t + d_k (1-ξ)²
     ladj = torch.add(torch.log(numerator), torch.log(s / den), alpha=2)
-    return y, ladj, (s, xi, one_minus, t, xi2, delta, den, q, numerator)
+    return y, ladj, (s, xi, one_minus, t, xi2, one_minus2, delta, den, q, numerator)
 
 
 class _SplineForward(torch.autograd.Function):
@@ -389,31 +399,36 @@ class _SplineForward(torch.autograd.Function):
                 outputs = ctx.spline._forward_autograd(x, params)
             grads = iter(torch.autograd.grad(outputs, inputs, (grad_y, grad_ladj), create_graph=True))
             return (*(next(grads) if needed else None for needed in ctx.needs_input_grad[:2]), None)
-        inside, size, d, raw, saved, s, xi, one_minus, t, xi2, delta, den, q, numerator = ctx.inter
+        inside, size, d, raw, saved, s, xi, one_minus, t, xi2, one_minus2, delta, den, q, numerator = ctx.inter
         w, h = size[0], size[1]
         gy = grad_y * inside
         gl = grad_ladj * inside
         inv_den = den.reciprocal()
-        gyh = gy * h * inv_den  # g_y h / Q
+        gyh = torch.mul(gy, h).mul_(inv_den)  # g_y h / Q
         c = gl / numerator  # g_l / M
-        e2 = 2 * gl * inv_den  # 2 g_l / Q
+        e1 = gl * inv_den  # g_l / Q
         one_m2xi = one_minus - xi
-        one_m2t = 1 - 2 * t
-        g_xi = gyh * s * numerator * inv_den
-        g_xi += 2 * c * (d[1] * xi + s * one_m2xi - d[0] * one_minus)
-        g_xi -= e2 * delta * one_m2xi
-        g_s = gyh * (xi2 - q * one_m2t) + 2 * t * c + 2 * gl / s - one_m2t * e2
-        g_d0 = t * (gyh * (1 - q) - e2) + one_minus * one_minus * c
-        g_d1 = xi2 * c - t * (gyh * q + e2)
+        one_m2t = torch.rsub(t, 1, alpha=2)  # 1 - 2t
+        g_xi = torch.mul(gyh, s).mul_(numerator).mul_(inv_den)
+        bracket = torch.addcmul(d[1] * xi, s, one_m2xi).addcmul_(d[0], one_minus, value=-1)
+        g_xi.addcmul_(c, bracket, value=2).addcmul_(e1 * delta, one_m2xi, value=-2)
+        g_s = torch.addcmul(xi2, q, one_m2t, value=-1).mul_(gyh)
+        g_s.addcmul_(t, c, value=2).addcmul_(one_m2t, e1, value=-2).add_(gl / s, alpha=2)
         inv_w = w.reciprocal()
-        g_xc = g_xi * inv_w
         grad_x = grad_params = None
         if ctx.needs_input_grad[0]:
-            grad_x = g_xc + grad_y * (1 - inside)
+            grad_x = torch.mul(g_xi, inv_w).addcmul_(grad_y, torch.rsub(inside, 1))
         if ctx.needs_input_grad[1]:
-            g_lower = torch.stack((-g_xc, gy))
-            g_size = torch.stack((-(g_xi * xi + g_s * s) * inv_w, gy * q + g_s * inv_w))
-            g_raw = torch.stack((g_d0, g_d1)) * torch.sigmoid(raw)
+            shape = x.shape
+            g_low, g_high, g_raw = torch.empty((3, 2, *shape), dtype=x.dtype, device=x.device).unbind(0)
+            gq = gyh * q
+            torch.sub(gyh, gq, out=g_raw[0]).add_(e1, alpha=-2).mul_(t).addcmul_(one_minus2, c)  # G_{d_k}
+            torch.add(gq, e1, alpha=2, out=g_raw[1]).mul_(t).neg_().addcmul_(xi2, c)  # G_{d_{k+1}}
+            g_raw.mul_(torch.sigmoid(raw))
+            torch.mul(g_xi, xi, out=g_high[0]).addcmul_(g_s, s).mul_(inv_w).neg_()  # ∂/∂w
+            torch.mul(g_s, s, out=g_low[0]).addcmul_(g_xi, one_minus, value=-1).mul_(inv_w)  # ∂/∂x_k - ∂/∂w
+            torch.mul(g_s, inv_w, out=g_high[1]).addcmul_(gy, q)  # ∂/∂h
+            torch.sub(gy, g_high[1], out=g_low[1])  # ∂/∂y_k - ∂/∂h
             grad_params = _empty_like(*ctx.layout)
-            _locate_backward(saved, g_lower, g_size, g_raw, grad_params.movedim(-1, 0))
+            _locate_backward(saved, g_low, g_high, g_raw, grad_params.movedim(-1, 0))
         return grad_x, grad_params, None
