@@ -245,38 +245,33 @@ def _locate(
         interior[0].copy_(e[row, 0])
         for j in range(1, k - 1):
             torch.add(interior[j - 1], e[row, j], out=interior[j])
-        interior.mul_(scaled[row]).add_(offsets[row, 1:k].view(k - 1, *trailing))
+        torch.addcmul(offsets[row, 1:k].view(k - 1, *trailing), interior, scaled[row], out=interior)
         torch.ge(v, interior, out=interior)
     below = b[1:k]  # [l < k] for l = 0..K-2
-    steps = torch.empty((k, *shape), dtype=dtype, device=device)  # r_{l+1} - r_l for l = 0..K-1
+    one_hot = b[:-1] - b[1:]  # [j = k] for j = 0..K-1
+    # C_k = Σ_l [l < k] e_l and C_{k+1} = e_0 + Σ_l [l < k] e_{l+1} (both rows, as [:, 0] and [:, 1]); the raw
+    # derivatives (r_k, r_{k+1}) = Σ_j [j = k] (r_j, r_{j+1}), r_0 = r_K = 0, read from the strided parameters.
     r = theta[2 * k :]
-    if k > 1:
-        steps[0].copy_(r[0])
-        torch.sub(r[1:], r[:-1], out=steps[1 : k - 1])
-        torch.neg(r[-1], out=steps[k - 1])
-    else:
-        steps.zero_()
-    # Masked sums, [:, 0] = Σ_l [l < k] t[l] and [:, 1] = t[0] + Σ_l [l < k] t[l + 1], for t = e (giving C_k and
-    # C_{k+1} of both rows) and t = steps (r_k and r_{k+1}). (Two arrays rather than one table: no temporary is
-    # larger than the parameters, so none falls above glibc's mmap threshold and page-faults on every call.)
+    raw = torch.empty((2, *shape), dtype=dtype, device=device)
     if k > 1:
         sums = e[:, 0:2] * below[0]
-        raw = steps[0:2] * below[0]
         for m in range(1, k - 1):
             sums.addcmul_(e[:, m : m + 2], below[m])
-            raw.addcmul_(steps[m : m + 2], below[m])
+        torch.mul(one_hot[0], r[0], out=raw[1])
+        torch.mul(one_hot[k - 1], r[k - 2], out=raw[0])
+        for j in range(1, k - 1):
+            raw.addcmul_(r[j - 1 : j + 1], one_hot[j])
     else:
         sums = torch.zeros((2, 2, *shape), dtype=dtype, device=device)
-        raw = torch.zeros((2, *shape), dtype=dtype, device=device)
+        raw.zero_()
     sums[:, 1].add_(e[:, 0])
-    raw[1].add_(steps[0])
     index = below.sum(0)  # the bin, as a float
     c_low, c_high = sums[:, 0], sums[:, 1]
     step = (offsets[:, 1] - offsets[:, 0]).view(2, *trailing)  # o_j = o_0 + step j
     lower = torch.addcmul(offsets[:, 0].view(2, *trailing), index, step).addcmul_(c_low, scaled)  # knot k
     size = torch.addcmul(step, c_high - c_low, scaled)  # knot k + 1 - knot k
     raw.add_(shift)
-    return lower, size, raw, (e, b, scaled, inverse_total, c_low, c_high)
+    return lower, size, raw, (e, b, one_hot, scaled, inverse_total, c_low, c_high)
 
 
 def _locate_backward(saved: tuple[Tensor, ...], g_low: Tensor, g_high: Tensor, g_raw: Tensor, out: Tensor) -> None:
@@ -291,7 +286,7 @@ def _locate_backward(saved: tuple[Tensor, ...], g_low: Tensor, g_high: Tensor, g
     The raw derivatives give :math:`\partial r_k / \partial r_j = [j = k] = b[j] - b[j+1]`.
     Each part of ``out`` is written once (it may be a strided view of the parameters' layout).
     """
-    e, b, scaled, inverse_total, c_low, c_high = saved
+    e, b, one_hot, scaled, inverse_total, c_low, c_high = saved
     k = e.shape[1]
     a = g_low * scaled
     c = g_high * scaled
@@ -300,10 +295,8 @@ def _locate_backward(saved: tuple[Tensor, ...], g_low: Tensor, g_high: Tensor, g
     torch.addcmul(gamma.unsqueeze(1).neg_(), b[1:].unsqueeze(0), a.unsqueeze(1), out=g)
     g.addcmul_(b[:-1].unsqueeze(0), c.unsqueeze(1)).mul_(e)
     if k > 1:
-        d0, d1 = g_raw[0], g_raw[1]
-        g = b[1:k] * (d0 - d1)
-        g.addcmul_(b[2:], d0, value=-1)
-        torch.addcmul(g, b[: k - 1], d1, out=out[2 * k :])
+        g = out[2 * k :]  # ∂r_k/∂r_j = [j = k], ∂r_{k+1}/∂r_j = [j - 1 = k], j = 1..K-1
+        torch.mul(one_hot[1:], g_raw[0], out=g).addcmul_(one_hot[:-1], g_raw[1])
 
 
 class _BinEnds(torch.autograd.Function):
