@@ -408,19 +408,23 @@ class _SplineForward(torch.autograd.Function):
         g_s = torch.addcmul(xi2, q, one_m2t, value=-1).mul_(gyh)
         g_s.addcmul_(t, c, value=2).addcmul_(one_m2t, e1, value=-2).add_(gl / s, alpha=2)
         inv_w = w.reciprocal()
+        g_xc = g_xi * inv_w  # ∂/∂x inside the domain
         grad_x = grad_params = None
         if ctx.needs_input_grad[0]:
-            grad_x = torch.mul(g_xi, inv_w).addcmul_(grad_y, torch.rsub(inside, 1))
+            grad_x = torch.lerp(grad_y, g_xc, inside)  # the identity's gradient outside (exact for weights 0, 1)
         if ctx.needs_input_grad[1]:
             shape = x.shape
             g_low, g_high, g_raw = torch.empty((3, 2, *shape), dtype=x.dtype, device=x.device).unbind(0)
-            gq = gyh * q
-            torch.sub(gyh, gq, out=g_raw[0]).add_(e1, alpha=-2).mul_(t).addcmul_(one_minus2, c)  # G_{d_k}
-            torch.add(gq, e1, alpha=2, out=g_raw[1]).mul_(t).neg_().addcmul_(xi2, c)  # G_{d_{k+1}}
+            torch.mul(one_minus2, c, out=g_raw[0])  # G_{d_k} = (1-ξ)² g_l/M + t (g_y h/Q - g_y h q/Q - 2 g_l/Q)
+            torch.mul(xi2, c, out=g_raw[1])  # G_{d_{k+1}} = ξ² g_l/M - t (g_y h q/Q + 2 g_l/Q)
+            g_raw.addcmul_(t, torch.mul(gyh, q).add_(e1, alpha=2), value=-1)
+            g_raw[0].addcmul_(t, gyh)
             g_raw.mul_(torch.sigmoid(raw))
-            torch.mul(g_xi, xi, out=g_high[0]).addcmul_(g_s, s).mul_(inv_w).neg_()  # ∂/∂w
-            torch.mul(g_s, s, out=g_low[0]).addcmul_(g_xi, one_minus, value=-1).mul_(inv_w)  # ∂/∂x_k - ∂/∂w
-            torch.mul(g_s, inv_w, out=g_high[1]).addcmul_(gy, q)  # ∂/∂h
+            u = g_s * inv_w
+            v = u * s
+            torch.addcmul(v, g_xc, xi, out=g_high[0]).neg_()  # ∂/∂w = -(G_ξ ξ + G_s s)/w
+            torch.addcmul(v, g_xc, one_minus, value=-1, out=g_low[0])  # ∂/∂x_k - ∂/∂w
+            torch.addcmul(u, gy, q, out=g_high[1])  # ∂/∂h = g_y q + G_s/w
             torch.sub(gy, g_high[1], out=g_low[1])  # ∂/∂y_k - ∂/∂h
             grad_params = _empty_like(*ctx.layout)
             _locate_backward(saved, g_low, g_high, g_raw, grad_params.movedim(-1, 0))
