@@ -233,18 +233,23 @@ def _locate(
     e = torch.empty((2, k, *shape), dtype=dtype, device=device)
     torch.mul(theta[: 2 * k].unflatten(0, (2, k)), _LOG2E, out=e)
     e.sub_(e.amax(1, keepdim=True)).exp2_()  # softmax numerators, (2, K, *S)
-    inverse_total = e.sum(1).reciprocal_()  # (2, *S)
-    scaled = inverse_total.mul(scales.view(2, *trailing))  # s / total
     # b[j] = [j <= k], from the interior knots of the searched row, o_j + (s / total) C_j for j = 1..K-1
-    # (a point on a knot goes to the bin to its right).
+    # (a point on a knot goes to the bin to its right); the running sum C_j also gives that row's total.
     b = torch.empty((k + 1, *shape), dtype=dtype, device=device)
-    b[0].fill_(1)
-    b[k].zero_()
+    b[:: max(k, 1)].copy_(torch.tensor([1.0, 0.0], dtype=dtype, device=device).view(2, *trailing))
+    inverse_total = torch.empty((2, *shape), dtype=dtype, device=device)
+    torch.sum(e[1 - row], 0, out=inverse_total[1 - row])
     if k > 1:
         interior = b[1:k]
         interior[0].copy_(e[row, 0])
         for j in range(1, k - 1):
             torch.add(interior[j - 1], e[row, j], out=interior[j])
+        torch.add(interior[k - 2], e[row, k - 1], out=inverse_total[row])
+    else:
+        inverse_total[row].copy_(e[row, 0])
+    inverse_total.reciprocal_()
+    scaled = inverse_total.mul(scales.view(2, *trailing))  # s / total
+    if k > 1:
         torch.addcmul(offsets[row, 1:k].view(k - 1, *trailing), interior, scaled[row], out=interior)
         torch.ge(v, interior, out=interior)
     below = b[1:k]  # [l < k] for l = 0..K-2
@@ -408,7 +413,7 @@ class _SplineForward(torch.autograd.Function):
         g_s = torch.addcmul(xi2, q, one_m2t, value=-1).mul_(gyh)
         g_s.addcmul_(t, c, value=2).addcmul_(one_m2t, e1, value=-2).add_(gl / s, alpha=2)
         inv_w = w.reciprocal()
-        g_xc = g_xi * inv_w  # ∂/∂x inside the domain
+        g_xc = g_xi.mul_(inv_w)  # ∂/∂x inside the domain
         grad_x = grad_params = None
         if ctx.needs_input_grad[0]:
             grad_x = torch.lerp(grad_y, g_xc, inside)  # the identity's gradient outside (exact for weights 0, 1)
@@ -420,7 +425,7 @@ class _SplineForward(torch.autograd.Function):
             g_raw.addcmul_(t, torch.mul(gyh, q).add_(e1, alpha=2), value=-1)
             g_raw[0].addcmul_(t, gyh)
             g_raw.mul_(torch.sigmoid(raw))
-            u = g_s * inv_w
+            u = g_s.mul_(inv_w)
             v = u * s
             torch.addcmul(v, g_xc, xi, out=g_high[0]).neg_()  # ∂/∂w = -(G_ξ ξ + G_s s)/w
             torch.addcmul(v, g_xc, one_minus, value=-1, out=g_low[0])  # ∂/∂x_k - ∂/∂w
