@@ -193,6 +193,20 @@ def test_first_derivatives_agree_with_and_without_create_graph() -> None:
         torch.testing.assert_close(a, b.detach(), atol=1e-12, rtol=1e-10)
 
 
+def test_backward_releases_what_it_saved() -> None:
+    """Intermediates are saved with save_for_backward (freed after the backward), not kept on the graph."""
+    spline, params, gen = _setup(n=16)
+    p, v = params.clone().requires_grad_(True), (4 * torch.rand(16, generator=gen, dtype=torch.float64) - 2)
+    y, ladj = spline.forward_and_log_det(v.requires_grad_(True), p)
+    (y.sum() + ladj.sum()).backward(retain_graph=False)
+    with pytest.raises(RuntimeError, match="second time"):
+        (y.sum() + ladj.sum()).backward()
+    z, ladj_inv = spline.inverse_and_log_det(y.detach(), p)
+    (z.sum() + ladj_inv.sum()).backward()
+    with pytest.raises(RuntimeError, match="second time"):
+        (z.sum() + ladj_inv.sum()).backward()
+
+
 def test_second_derivative_in_the_parameters_raises_clearly() -> None:
     spline, params, _ = _setup(n=4)
     p = params.clone().requires_grad_(True)
