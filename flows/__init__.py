@@ -4,9 +4,10 @@ Direction convention: a transform's forward direction maps data ``x`` to latent 
 ``log p(x) = log p_Z(f(x)) + log|det J_f(x)|``. Sampling runs the inverse.
 """
 
-from flows.architectures import IAF, MAF, NICE, NSF, FreeFormInjectiveFlow, RealNVP
+from flows.architectures import FFJORD, IAF, MAF, NICE, NSF, FreeFormInjectiveFlow, Glow, RealNVP
 from flows.auxiliary import AuxiliaryLosses, add_auxiliary_loss
 from flows.bijections import (
+    CNF,
     ActNorm,
     ActNorm2d,
     AdditiveCoupling,
@@ -20,30 +21,42 @@ from flows.bijections import (
     CirculantDiagonal,
     CirculantDiagonal2d,
     Coupling,
+    EIWShuffle,
     Elementwise,
+    EntropyPermutation,
+    Flatten,
     FreeFormInjective,
+    HMCBlock,
     InjectiveLinear,
     Inverse,
     InverseNotAvailable,
+    Invertible1x1Conv,
+    LangevinBlock,
     Logit,
     LULinear,
     MaskedAutoregressive,
+    MetropolisBlock,
     Permutation,
     RationalQuadraticSpline,
     Reverse,
+    SharedBlocks,
     Sigmoid,
+    Split,
+    Squeeze,
     Standardize,
     Transformer,
 )
 from flows.dependent import DependentFlow, MatrixNormal
 from flows.distributions import DiagNormal, Distribution, StandardNormal
 from flows.flow import Flow, evaluating
-from flows.nn import MADE, MLP
+from flows.nn import MADE, MLP, ConvNet, PooledMLP, TimeMLP
 from flows.testing import BijectionCheckError, check_bijection
 
 __version__ = "0.1.0"
 
 __all__ = [
+    "CNF",
+    "FFJORD",
     "IAF",
     "MADE",
     "MAF",
@@ -64,28 +77,42 @@ __all__ = [
     "Chain",
     "CirculantDiagonal",
     "CirculantDiagonal2d",
+    "ConvNet",
     "Coupling",
     "DependentFlow",
     "DiagNormal",
     "Distribution",
+    "EIWShuffle",
     "Elementwise",
+    "EntropyPermutation",
+    "Flatten",
     "Flow",
     "FreeFormInjective",
     "FreeFormInjectiveFlow",
+    "Glow",
+    "HMCBlock",
     "InjectiveLinear",
     "Inverse",
     "InverseNotAvailable",
+    "Invertible1x1Conv",
     "LULinear",
+    "LangevinBlock",
     "Logit",
     "MaskedAutoregressive",
     "MatrixNormal",
+    "MetropolisBlock",
     "Permutation",
+    "PooledMLP",
     "RationalQuadraticSpline",
     "RealNVP",
     "Reverse",
+    "SharedBlocks",
     "Sigmoid",
+    "Split",
+    "Squeeze",
     "StandardNormal",
     "Standardize",
+    "TimeMLP",
     "Transformer",
     "__version__",
     "add_auxiliary_loss",

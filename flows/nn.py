@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import itertools
+import math
 from collections.abc import Callable, Sequence
 
 import torch
@@ -11,7 +12,7 @@ from torch import Tensor, nn
 
 from flows._validation import check_context
 
-__all__ = ["MADE", "MLP"]
+__all__ = ["MADE", "MLP", "ConvNet", "PooledMLP", "TimeMLP"]
 
 
 class MLP(nn.Module):
@@ -366,3 +367,312 @@ class MADE(nn.Module):
                 solved[:, t : t + 1] = x_i
         x = torch.cat(values, dim=1) if record else solved
         return x[:, order].reshape(*batch_shape, d)
+
+
+def _activation_and_derivative(layer: nn.Module, h: Tensor) -> tuple[Tensor, Tensor]:
+    """``(σ(h), σ'(h))`` for the elementwise activations :class:`TimeMLP` can differentiate by hand."""
+    if isinstance(layer, nn.Tanh):
+        a = torch.tanh(h)
+        return a, 1 - a.square()
+    if isinstance(layer, nn.Softplus):
+        # σ(βh) is also the slope past the linear threshold, to within e^{-threshold}
+        return layer(h), torch.sigmoid(h * layer.beta) if layer.beta != 1 else torch.sigmoid(h)
+    if isinstance(layer, nn.ELU):
+        a = layer(h)
+        return a, torch.where(h > 0, torch.ones_like(h), a + layer.alpha)
+    if isinstance(layer, nn.SiLU):
+        s = torch.sigmoid(h)
+        return h * s, s * (1 + h * (1 - s))
+    if isinstance(layer, nn.Sigmoid):
+        a = torch.sigmoid(h)
+        return a, a * (1 - a)
+    raise TypeError(f"TimeMLP: no derivative known for {type(layer).__name__}")
+
+
+TIME_MLP_ACTIVATIONS = (nn.Tanh, nn.Softplus, nn.ELU, nn.SiLU, nn.Sigmoid)
+
+
+class TimeMLP(nn.Module):
+    r"""Time-dependent vector field :math:`f(t, z; c)` for continuous flows, with fused Jacobian-vector products.
+
+    The network is an :class:`MLP` applied to
+    :math:`[z, \cos(\pi k t), \sin(\pi k t)]_{k=1..\text{freqs}}` (zuko's time embedding; with
+    ``freqs=0``, to :math:`[z, t]`), and the context ``c`` when there is one. The default ``freqs=1``
+    is periodic in :math:`t` with period 2, ample for the usual interval ``[0, 1]``. Time features
+    of high frequency make the field vary fast in :math:`t` and the solver take more steps: on two
+    moons (25 epochs), ``freqs=3`` needed about 2x the function evaluations of ``freqs=1`` for a
+    worse likelihood, and ``freqs=0`` 15% fewer evaluations for a likelihood worse by 0.08 nats.
+
+    Besides ``forward(t, z, context)``, :meth:`jvp` returns the field together with
+    :math:`J v = (\partial f/\partial z) v` for a stack of tangents :math:`v`, propagated through
+    the layers in forward mode by hand (``v ← W v`` through a linear layer, ``v ← σ'(h) ⊙ v``
+    through an activation). This is what makes :class:`~flows.CNF` cheap: the exact trace
+    :math:`\operatorname{tr} J = \sum_i (J e_i)_i` costs one pass with ``D`` tangents and the
+    Hutchinson estimate :math:`\varepsilon^\top J \varepsilon` one pass with one tangent, both
+    differentiable with ordinary first-order backpropagation (no double backward) and available
+    without building a graph at evaluation time.
+
+    The activation must be smooth (the solver adapts its steps to the field's smoothness; ``ReLU``
+    is refused) and one of ``nn.Tanh``, ``nn.Softplus``, ``nn.ELU``, ``nn.SiLU``, ``nn.Sigmoid``.
+    ``ELU`` has a discontinuous second derivative, which costs adaptive solvers extra steps at
+    tight tolerances. Unlike the coupling conditioners, the last layer keeps PyTorch's default
+    initialisation (as in FFJORD and zuko): on two moons, a zero last layer trained slower and
+    with more function evaluations.
+
+    Args:
+        features: dimension ``D`` of the state ``z``.
+        context: width of the context input (0 for none).
+        hidden: widths of the hidden layers.
+        activation: constructor of the nonlinearity (one of the classes above).
+        freqs: number of time frequencies (``2 · freqs`` time features; 0 feeds ``t`` itself).
+        zero_init: zero the weights and bias of the last layer (the flow starts at the identity).
+
+    Example:
+        >>> import torch
+        >>> field = TimeMLP(3, hidden=(16,))
+        >>> t, z = torch.tensor(0.5), torch.randn(4, 3)
+        >>> f, jv = field.jvp(t, z, torch.eye(3)[:, None, :])  # the three Jacobian columns
+        >>> f.shape, jv.shape
+        (torch.Size([4, 3]), torch.Size([3, 4, 3]))
+        >>> jacobian = torch.func.jacrev(lambda v: field(t, v))(z[0])
+        >>> torch.allclose(jv[:, 0, :].T, jacobian, atol=1e-6)
+        True
+    """
+
+    def __init__(
+        self,
+        features: int,
+        context: int = 0,
+        *,
+        hidden: Sequence[int] = (64, 64),
+        activation: Callable[[], nn.Module] = nn.Tanh,
+        freqs: int = 1,
+        zero_init: bool = False,
+    ) -> None:
+        super().__init__()
+        if not isinstance(features, int) or features <= 0:
+            raise ValueError(f"TimeMLP: expected features to be a positive int, got {features!r}")
+        if not isinstance(freqs, int) or freqs < 0:
+            raise ValueError(f"TimeMLP: expected freqs to be an int >= 0, got {freqs!r}")
+        if not hidden:
+            raise ValueError("TimeMLP: expected at least one hidden layer, got hidden=()")
+        self.features, self.context_features = features, context
+        time_features = 2 * freqs if freqs else 1
+        self.mlp = MLP(
+            features + time_features, features, hidden, context=context, activation=activation, zero_init=zero_init
+        )
+        for layer in self.mlp.net:
+            if not isinstance(layer, (nn.Linear, *TIME_MLP_ACTIVATIONS)):
+                names = ", ".join(f"nn.{c.__name__}" for c in TIME_MLP_ACTIVATIONS)
+                raise ValueError(f"TimeMLP: expected a smooth activation among {names}, got {type(layer).__name__}")
+        self.register_buffer("freqs", torch.arange(1, freqs + 1, dtype=torch.get_default_dtype()) * math.pi)
+
+    def _inputs(self, t: Tensor, z: Tensor, context: Tensor | None) -> Tensor:
+        t = torch.as_tensor(t, dtype=z.dtype, device=z.device)
+        if self.freqs.numel():
+            angles = self.freqs * t
+            time = torch.cat((angles.cos(), angles.sin()))
+        else:
+            time = t.reshape(1)
+        parts = [z, time.expand(*z.shape[:-1], time.shape[-1])]
+        if self.context_features:
+            check_context(context, self.context_features, "TimeMLP")
+            parts.append(context.expand(*z.shape[:-1], self.context_features))
+        return torch.cat(parts, dim=-1)
+
+    def forward(self, t: Tensor, z: Tensor, context: Tensor | None = None) -> Tensor:
+        """The field ``f(t, z; c)`` of shape ``(*batch, D)`` for ``z`` of shape ``(*batch, D)``."""
+        return self.mlp.net(self._inputs(t, z, context))
+
+    def jvp(self, t: Tensor, z: Tensor, tangents: Tensor, context: Tensor | None = None) -> tuple[Tensor, Tensor]:
+        """The field and its Jacobian-vector products in one pass.
+
+        Args:
+            t: time (a scalar tensor).
+            z: states, shape ``(N, D)``.
+            tangents: ``K`` stacked tangents, shape ``(K, N, D)`` or ``(K, 1, D)`` (shared by all states).
+            context: context of shape ``(N, context)`` when the field is conditional.
+
+        Returns:
+            ``(f, Jv)`` of shapes ``(N, D)`` and ``(K, N, D)``.
+        """
+        layers = list(self.mlp.net)
+        first = layers[0]
+        h = first(self._inputs(t, z, context))
+        v = tangents @ first.weight[:, : self.features].T
+        for layer in layers[1:]:
+            if isinstance(layer, nn.Linear):
+                h = layer(h)
+                v = v @ layer.weight.T
+            else:
+                h, derivative = _activation_and_derivative(layer, h)
+                v = v * derivative
+        return h, v
+
+
+def _expand_context(context: Tensor, x: Tensor, features: int, who: str) -> Tensor:
+    """A context as ``(*batch, features, H, W)`` channels for an image ``x`` of shape ``(*batch, C, H, W)``.
+
+    A vector context ``(*batch, features)`` is broadcast over the pixels; a map ``(*batch, features, H, W)``
+    (``context.dim() == x.dim()``) is used as it is.
+    """
+    if not isinstance(context, Tensor):
+        raise TypeError(f"{who}: expected context to be a torch.Tensor, got {type(context).__name__}")
+    batch, pixels = x.shape[:-3], x.shape[-2:]
+    if context.dim() == x.dim() and context.shape[-3] == features and context.shape[-2:] == pixels:
+        return context.expand(*batch, features, *pixels)
+    if context.dim() >= 1 and context.shape[-1] == features and context.dim() == x.dim() - 2:
+        return context[..., None, None].expand(*batch, features, *pixels)
+    raise ValueError(
+        f"{who}: expected a context of shape (*batch, {features}) or (*batch, {features}, "
+        f"{pixels[0]}, {pixels[1]}), got {tuple(context.shape)}"
+    )
+
+
+class ConvNet(nn.Module):
+    """Convolutional conditioner for images: ``(*, in_channels, H, W) (+ context) -> (*, out_channels, H, W)``.
+
+    Glow's coupling network: a ``kernel_size`` convolution, ``1×1`` convolutions between hidden
+    layers, and a ``kernel_size`` convolution out, all with "same" zero padding, so the output has
+    the input's height and width. The last layer is zero-initialised by default (the flow starts at
+    the identity). Any number of leading batch dimensions is accepted. With ``hidden=()`` the net
+    is a single convolution (the conditional prior of Glow's split).
+
+    A context is concatenated to the input as extra channels: a vector ``(*batch, context)`` is
+    broadcast over the pixels (class-conditional models), a map ``(*batch, context, H, W)``
+    (a tensor with as many dimensions as the input) is used pixel by pixel (e.g. the
+    conditioning image of a dequantizer).
+
+    Args:
+        in_channels: input channels.
+        out_channels: output channels.
+        hidden: channels of the hidden layers.
+        context: number of context channels (0 for none).
+        kernel_size: odd kernel size of the first and last convolutions.
+        activation: constructor of the nonlinearity after every hidden layer.
+        zero_init: zero the weights and bias of the last layer.
+        channels_last: run the convolutions in channels-last memory format (the weights and the
+            input; 1.1-1.5× faster on CPU with oneDNN, and the layout GPU tensor cores prefer). The
+            output then has channels-last strides, which no caller needs to know about.
+
+    References:
+        Kingma, Dhariwal (2018), "Glow: Generative Flow with Invertible 1x1 Convolutions", NeurIPS,
+        arXiv:1807.03039 (the coupling network NN()).
+
+    Example:
+        >>> import torch
+        >>> net = ConvNet(2, 4, hidden=(8, 8), context=3)
+        >>> net(torch.randn(5, 2, 6, 6), context=torch.randn(5, 3)).shape
+        torch.Size([5, 4, 6, 6])
+    """
+
+    def __init__(
+        self,
+        in_channels: int,
+        out_channels: int,
+        hidden: Sequence[int] = (64, 64),
+        *,
+        context: int = 0,
+        kernel_size: int = 3,
+        activation: Callable[[], nn.Module] = nn.ReLU,
+        zero_init: bool = True,
+        channels_last: bool = True,
+    ) -> None:
+        super().__init__()
+        if in_channels + context <= 0 or out_channels <= 0 or any(h <= 0 for h in hidden):
+            raise ValueError(
+                f"ConvNet: expected positive widths, got in_channels={in_channels}, context={context}, "
+                f"hidden={tuple(hidden)}, out_channels={out_channels}"
+            )
+        if kernel_size < 1 or kernel_size % 2 == 0:
+            raise ValueError(f"ConvNet: expected an odd kernel_size >= 1, got {kernel_size}")
+        self.in_channels, self.out_channels, self.context_features = in_channels, out_channels, context
+        widths = [in_channels + context, *hidden, out_channels]
+        layers: list[nn.Module] = []
+        for i, (a, b) in enumerate(itertools.pairwise(widths)):
+            outer = i == 0 or i == len(widths) - 2
+            k = kernel_size if outer else 1
+            layers.append(nn.Conv2d(a, b, k, padding=k // 2))
+            if i < len(widths) - 2:
+                layers.append(activation())
+        if zero_init:
+            nn.init.zeros_(layers[-1].weight)
+            nn.init.zeros_(layers[-1].bias)
+        self.net = nn.Sequential(*layers)
+        self.channels_last = channels_last
+        if channels_last:
+            self.net.to(memory_format=torch.channels_last)
+
+    def forward(self, x: Tensor, context: Tensor | None = None) -> Tensor:
+        if x.dim() < 3 or x.shape[-3] != self.in_channels:
+            raise ValueError(
+                f"ConvNet: expected input of shape (*batch, {self.in_channels}, H, W), got {tuple(x.shape)}"
+            )
+        if self.context_features:
+            if context is None:
+                raise ValueError(f"ConvNet: expected a context with {self.context_features} features, got None")
+            context = _expand_context(context, x, self.context_features, "ConvNet")
+            x = torch.cat((x, context.to(x.dtype)), dim=-3) if self.in_channels else context
+        elif context is not None:
+            raise ValueError("ConvNet: this network is unconditional (context=0), got a context tensor")
+        batch = x.shape[:-3]
+        x = x.reshape(-1, *x.shape[-3:])
+        if self.channels_last:
+            x = x.contiguous(memory_format=torch.channels_last)
+        out = self.net(x)
+        return out.reshape(*batch, *out.shape[-3:])
+
+
+class PooledMLP(nn.Module):
+    r"""Per-channel statistics pooled over pixels, then an MLP: ``(*, C_in, H, W) -> (*, C_out, H, W)``.
+
+    Each sample's channels are summarised by their mean and standard deviation over the pixels,
+    :math:`(\bar x_c, \sqrt{\operatorname{var}_{hw}(x_c) + \epsilon})`, and an :class:`MLP` maps these
+    ``2·C_in`` numbers (and the context) to ``C_out`` values that are the same at every pixel (the
+    output is an expanded view). Per-sample pooling keeps samples independent. The last layer is
+    zero-initialised by default.
+
+    Args:
+        in_channels: input channels.
+        out_channels: output channels.
+        hidden: hidden widths of the MLP.
+        context: width of a vector context ``(*batch, context)`` (0 for none).
+        activation: nonlinearity of the MLP.
+        zero_init: zero the last layer.
+        eps: added to the variance before the square root.
+
+    Example:
+        >>> import torch
+        >>> net = PooledMLP(2, 3, hidden=(8,))
+        >>> out = net(torch.randn(4, 2, 5, 5))
+        >>> out.shape, bool((out == out[..., :1, :1]).all())
+        (torch.Size([4, 3, 5, 5]), True)
+    """
+
+    def __init__(
+        self,
+        in_channels: int,
+        out_channels: int,
+        hidden: Sequence[int] = (32,),
+        *,
+        context: int = 0,
+        activation: Callable[[], nn.Module] = nn.ReLU,
+        zero_init: bool = True,
+        eps: float = 1e-5,
+    ) -> None:
+        super().__init__()
+        self.in_channels, self.out_channels, self.eps = in_channels, out_channels, eps
+        self.context_features = context
+        self.mlp = MLP(
+            2 * in_channels, out_channels, hidden, context=context, activation=activation, zero_init=zero_init
+        )
+
+    def forward(self, x: Tensor, context: Tensor | None = None) -> Tensor:
+        if x.dim() < 3 or x.shape[-3] != self.in_channels:
+            raise ValueError(
+                f"PooledMLP: expected input of shape (*batch, {self.in_channels}, H, W), got {tuple(x.shape)}"
+            )
+        var, mean = torch.var_mean(x, dim=(-2, -1), unbiased=False)
+        stats = torch.cat((mean, (var + self.eps).sqrt()), dim=-1)
+        out = self.mlp(stats, context) if self.context_features else self.mlp(stats)
+        return out[..., None, None].expand(*out.shape, *x.shape[-2:])

@@ -28,12 +28,18 @@ __all__ = ["StepConditioner"]
 class StepConditioner(nn.Module):
     """One step's view of a shared conditioner: its own embedding and output gate, the shared network.
 
+    For vector events the embedding is a learned vector ``(E,)`` concatenated to the input's last
+    axis; for images it is a learned map ``(E, H, W)`` concatenated as extra input channels (as in
+    NanoFlow's Glow), and the gate is per output channel.
+
     Args:
-        shared: the shared network, called as ``shared(inputs, context)`` on inputs of width
-            ``in_features + embedding`` (e.g. an :class:`~flows.nn.MLP` built with that width; its
-            last layer zero-initialised so that every step starts at the identity).
-        embedding: width ``E`` of the flow-indication embedding.
-        out_features: output width of the shared network (gated channel-wise).
+        shared: the shared network, called as ``shared(inputs, context)`` on inputs with ``E`` more
+            features/channels than the step's own input (e.g. an :class:`~flows.nn.MLP` or
+            :class:`~flows.nn.ConvNet` built with that width; its last layer zero-initialised so
+            that every step starts at the identity).
+        embedding: ``E`` for vectors, or the embedding map's shape ``(E, H, W)`` for images.
+        out_features: output width of the shared network (vectors), or its output channels for
+            images when ``embedding`` is a map.
         generator: random generator for the embedding's initialisation (N(0, 1)).
 
     Example:
@@ -46,16 +52,23 @@ class StepConditioner(nn.Module):
     """
 
     def __init__(
-        self, shared: nn.Module, embedding: int, out_features: int, *, generator: torch.Generator | None = None
+        self,
+        shared: nn.Module,
+        embedding: int | tuple[int, ...],
+        out_features: int,
+        *,
+        generator: torch.Generator | None = None,
     ) -> None:
         super().__init__()
-        if embedding < 1:
+        shape = (embedding,) if isinstance(embedding, int) else tuple(embedding)
+        if not shape or any(not isinstance(n, int) or n < 1 for n in shape):
             raise ValueError(f"StepConditioner: expected an embedding width >= 1, got {embedding}")
         self.shared = shared
-        self.embedding = nn.Parameter(torch.randn(embedding, generator=generator))
-        self.log_gate = nn.Parameter(torch.zeros(out_features))
+        self.embedding = nn.Parameter(torch.randn(shape, generator=generator))
+        self.log_gate = nn.Parameter(torch.zeros((out_features,) + (1,) * (len(shape) - 1)))
 
     def forward(self, x: Tensor, context: Tensor | None = None) -> Tensor:
-        e = self.embedding.expand(*x.shape[:-1], self.embedding.shape[0])
-        out = self.shared(torch.cat((x, e), dim=-1), context)
+        ndim = self.embedding.dim()
+        e = self.embedding.expand(*x.shape[: x.dim() - ndim], *self.embedding.shape)
+        out = self.shared(torch.cat((x, e), dim=-ndim), context)
         return out * self.log_gate.exp()

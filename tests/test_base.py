@@ -110,9 +110,14 @@ def test_bad_constructor_arguments() -> None:
 def test_logit_and_sigmoid_domain_errors() -> None:
     with pytest.raises(ValueError, match=r"Logit: expected inputs in \(0, 1\), got values in \[-0.1, 0.5\]"):
         flows.Logit(2)(torch.tensor([[-0.1, 0.5]]))
-    with pytest.raises(ValueError, match=r"expected inputs in \[0, 1\]"):
+    with pytest.raises(ValueError, match=r"expected inputs in \(-0\.0555556, 1\.05556\)"):
         flows.Logit(2, alpha=0.05)(torch.tensor([[0.0, 1.5]]))
     flows.Logit(2, alpha=0.05)(torch.tensor([[0.0, 1.0]]))  # closed interval is fine with alpha > 0
+    # and whatever the inverse produces is accepted back by the forward pass
+    t = flows.Logit(2, alpha=0.05)
+    x = t.inverse(torch.tensor([[-12.0, 12.0]]))
+    assert x.min() < 0 and x.max() > 1
+    torch.testing.assert_close(t(x), torch.tensor([[-12.0, 12.0]]), atol=1e-3, rtol=1e-3)
     with pytest.raises(ValueError, match=r"Sigmoid: expected inputs in \(0, 1\)"):
         flows.Sigmoid(1).inverse(torch.tensor([[1.0]]))
     with pytest.raises(ValueError, match=r"got values in \[nan"):
@@ -169,3 +174,34 @@ def test_lu_linear_matches_its_dense_matrix() -> None:
     many = torch.randn(12, 5, dtype=torch.float64)
     torch.testing.assert_close(t(many), many @ w.T + t.bias)
     torch.testing.assert_close(t(many[:3]), (many @ w.T + t.bias)[:3])
+
+
+def test_tensor_only_calls_skip_members_log_dets() -> None:
+    """Chain/Inverse forward and inverse use the members' tensor-only methods (a CNF skips its trace)."""
+
+    class Counting(Affine):
+        fused = 0
+
+        def forward_and_log_det(self, x, context=None):
+            Counting.fused += 1
+            return super().forward_and_log_det(x, context)
+
+        def inverse_and_log_det(self, z, context=None):
+            Counting.fused += 1
+            return super().inverse_and_log_det(z, context)
+
+        def forward(self, x, context=None):
+            return x * self.params[..., 1].exp() + self.params[..., 0]
+
+        def inverse(self, z, context=None):
+            return (z - self.params[..., 0]) * torch.exp(-self.params[..., 1])
+
+    chain = Chain(Counting(2), Reverse(2), Counting(2))
+    x = torch.randn(3, 2)
+    z = chain(x)
+    torch.testing.assert_close(chain.inverse(z), x)
+    torch.testing.assert_close(chain.inv(z), x)
+    torch.testing.assert_close(chain.inv.inverse(x), z)
+    assert Counting.fused == 0
+    chain.forward_and_log_det(x)
+    assert Counting.fused == 2

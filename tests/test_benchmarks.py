@@ -26,3 +26,8 @@ def test_sharing_smoke(capsys) -> None:
     assert summary["shared K=8 h=256"]["params"] < summary["unshared K=8 h=64"]["params"] * 1.2
     assert all(0 < s["bpd"] < 10 for s in summary.values())
     assert "x fewer" in capsys.readouterr().out
+
+
+def test_sharing_glow_smoke() -> None:
+    summary = _main("sharing.py")(["--family", "glow", "--epochs", "1", "--seeds", "1", "--models", "glow shared h=64"])
+    assert 0 < summary["glow shared h=64"]["bpd"] < 10

@@ -20,6 +20,12 @@ CASES = all_cases()
 # Exported Bijection subclasses that cannot have a registry case, each with the reason.
 EXEMPT: dict[str, str] = {
     "Bijection": "abstract base class of the contract",
+    # Stochastic blocks (SNF): random maps whose second output is the path term ΔS, not a
+    # log-determinant; tested by the METHODS.md §3 oracles in tests/test_stochastic.py.
+    "StochasticBlock": "abstract base of the stochastic blocks (random maps, not bijections)",
+    "MetropolisBlock": "random map (Metropolis kernel); ladj is the path term ΔS, see tests/test_stochastic.py",
+    "LangevinBlock": "random map (Langevin kernel); ladj is the path term ΔS, see tests/test_stochastic.py",
+    "HMCBlock": "random map (HMC kernel); ladj is the path term ΔS, see tests/test_stochastic.py",
     "InjectiveLinear": (
         "injective R^d -> R^D: the Jacobian is D x d (not square) and the forward map is only a left inverse "
         "(a projection), so check_bijection does not apply; tests/test_injective.py checks the volume term "

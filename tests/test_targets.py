@@ -308,3 +308,20 @@ def test_lj13_reference_energy_and_virial() -> None:
     unordered = (inv6.square() - 2 * inv6).sum(-1) + 0.5 * x.square().sum(-1)
     (grad_unordered,) = torch.autograd.grad(unordered.sum(), x)
     assert (x * grad_unordered).sum(-1).mean().item() < 36.0 - 5.0
+
+
+def test_tempered_energy() -> None:
+    from flows.targets import TemperedEnergy
+
+    target = DoubleWell().double()
+    tempered = TemperedEnergy(target, temperature=2.0)
+    x = torch.randn(4, 2, dtype=torch.float64, generator=_gen())
+    torch.testing.assert_close(tempered.energy(x), target.energy(x) / 2)
+    assert tempered.log_Z is None
+    tempered.temperature = 1.0
+    assert tempered.log_Z == target.log_Z
+    torch.testing.assert_close(tempered.energy(x), target.energy(x))
+    with pytest.raises(ValueError, match="positive finite temperature"):
+        tempered.temperature = 0.0
+    with pytest.raises(TypeError, match="expected an EnergyTarget"):
+        TemperedEnergy(lambda x: x)

@@ -2,18 +2,25 @@
 
 from flows.bijections.autoregressive import MaskedAutoregressive
 from flows.bijections.base import Bijection, Chain, Inverse, InverseNotAvailable
+from flows.bijections.blockwise import SharedBlocks
 from flows.bijections.circulant import CirculantDiagonal, CirculantDiagonal2d
+from flows.bijections.continuous import CNF, total_nfe
+from flows.bijections.conv import Invertible1x1Conv
 from flows.bijections.coupling import AdditiveCoupling, AffineCoupling, Coupling, alternating_mask, half_mask
+from flows.bijections.eiw import EIWShuffle, EntropyPermutation
 from flows.bijections.elementwise import Affine, Elementwise, Logit, Sigmoid
 from flows.bijections.injective import FreeFormInjective, InjectiveLinear, half_log_det_gram, orthogonal_probes
 from flows.bijections.linear import LULinear
+from flows.bijections.multiscale import Flatten, Split, Squeeze
 from flows.bijections.normalization import ActNorm, ActNorm2d, BatchNorm
 from flows.bijections.permutation import Permutation, Reverse
 from flows.bijections.splines import RationalQuadraticSpline
 from flows.bijections.standardize import Standardize
+from flows.bijections.stochastic import HMCBlock, LangevinBlock, MetropolisBlock, StochasticBlock
 from flows.bijections.transformers import AdditiveTransformer, AffineTransformer, Transformer
 
 __all__ = [
+    "CNF",
     "ActNorm",
     "ActNorm2d",
     "AdditiveCoupling",
@@ -27,22 +34,34 @@ __all__ = [
     "CirculantDiagonal",
     "CirculantDiagonal2d",
     "Coupling",
+    "EIWShuffle",
     "Elementwise",
+    "EntropyPermutation",
+    "Flatten",
     "FreeFormInjective",
+    "HMCBlock",
     "InjectiveLinear",
     "Inverse",
     "InverseNotAvailable",
+    "Invertible1x1Conv",
     "LULinear",
+    "LangevinBlock",
     "Logit",
     "MaskedAutoregressive",
+    "MetropolisBlock",
     "Permutation",
     "RationalQuadraticSpline",
     "Reverse",
+    "SharedBlocks",
     "Sigmoid",
+    "Split",
+    "Squeeze",
     "Standardize",
+    "StochasticBlock",
     "Transformer",
     "alternating_mask",
     "half_log_det_gram",
     "half_mask",
     "orthogonal_probes",
+    "total_nfe",
 ]

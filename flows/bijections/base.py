@@ -142,6 +142,12 @@ class Inverse(Bijection):
     def inverse_and_log_det(self, z: Tensor, context: Tensor | None = None) -> tuple[Tensor, Tensor]:
         return self.transform.forward_and_log_det(z, context)
 
+    def forward(self, x: Tensor, context: Tensor | None = None) -> Tensor:
+        return self.transform.inverse(x, context)
+
+    def inverse(self, z: Tensor, context: Tensor | None = None) -> Tensor:
+        return self.transform.forward(z, context)
+
     @property
     def inv(self) -> Bijection:
         return self.transform
@@ -220,6 +226,25 @@ class Chain(Bijection):
             z, term = t.inverse_and_log_det(z, context)
             ladj = term if ladj is None else ladj + term
         return z, ladj
+
+    # Tensor-only passes go through the members' tensor-only methods, so a member that can skip
+    # its log-determinant when it is not wanted (a CNF's trace integral) does. A subclass that
+    # overrides a fused method (to add a side effect, e.g. an auxiliary loss) keeps the derived path.
+    def forward(self, x: Tensor, context: Tensor | None = None) -> Tensor:
+        if type(self).forward_and_log_det is not Chain.forward_and_log_det:
+            return super().forward(x, context)
+        check_event(x, self.event_shape, "Chain")
+        for t in self.transforms:
+            x = t.forward(x, context)
+        return x
+
+    def inverse(self, z: Tensor, context: Tensor | None = None) -> Tensor:
+        if type(self).inverse_and_log_det is not Chain.inverse_and_log_det:
+            return super().inverse(z, context)
+        check_event(z, self.event_shape_out, "Chain", "latent input")
+        for t in reversed(self.transforms):
+            z = t.inverse(z, context)
+        return z
 
     def extra_repr(self) -> str:
         return ""

@@ -80,14 +80,16 @@ class Affine(Elementwise):
             self.params[..., 1] = torch.as_tensor(log_scale, dtype=self.params.dtype)
 
 
-def _check_unit_interval(x: Tensor, who: str, closed: bool) -> None:
-    low, high = torch.aminmax(x.detach()) if x.numel() else (None, None)
-    if low is None:
+def _check_open_interval(x: Tensor, who: str, low_end: float = 0.0, high_end: float = 1.0) -> None:
+    """Raise unless every entry of ``x`` lies strictly inside ``(low_end, high_end)``."""
+    if not x.numel():
         return
-    outside = (low < 0 or high > 1) if closed else (low <= 0 or high >= 1)
-    if outside or not torch.isfinite(low) or not torch.isfinite(high):
-        interval = "[0, 1]" if closed else "(0, 1)"
-        raise ValueError(f"{who}: expected inputs in {interval}, got values in [{low.item():.6g}, {high.item():.6g}]")
+    low, high = torch.aminmax(x.detach())
+    if not (low > low_end and high < high_end):  # also catches NaN
+        raise ValueError(
+            f"{who}: expected inputs in ({low_end + 0.0:.6g}, {high_end:.6g}), "
+            f"got values in [{low.item():.6g}, {high.item():.6g}]"
+        )
 
 
 class Logit(Bijection):
@@ -100,7 +102,10 @@ class Logit(Bijection):
     * inverse: :math:`x = (\sigma(z) - \alpha)/(1-2\alpha)`,
       :math:`\log|\det J^{-1}| = \sum_i [\log\sigma(z_i) + \log\sigma(-z_i) - \log(1-2\alpha)]`.
 
-    ``alpha > 0`` (RealNVP uses 0.05) keeps the map finite on the closed interval ``[0, 1]``.
+    ``alpha > 0`` (RealNVP uses 0.05) keeps the map finite on the closed interval ``[0, 1]``; its
+    domain is then :math:`(-a, 1 + a)`, :math:`a = \alpha/(1-2\alpha)`, exactly the image of the inverse,
+    so samples drawn through the inverse are accepted back (unless the sigmoid saturates to 0 or 1 in
+    floating point, for :math:`|z| \gtrsim 17` in float32, where the log-density is infinite anyway).
 
     References:
         Dinh, Sohl-Dickstein, Bengio (2017), "Density estimation using Real NVP", ICLR,
@@ -112,7 +117,7 @@ class Logit(Bijection):
         check_domain: raise on inputs outside the domain (one reduction per call).
 
     Raises:
-        ValueError: in the forward pass, for inputs outside ``(0, 1)`` (``[0, 1]`` when ``alpha > 0``).
+        ValueError: in the forward pass, for inputs outside ``(0, 1)`` (``(-a, 1 + a)`` when ``alpha > 0``).
 
     Example:
         >>> import torch
@@ -130,7 +135,10 @@ class Logit(Bijection):
 
     def forward_and_log_det(self, x: Tensor, context: Tensor | None = None) -> tuple[Tensor, Tensor]:
         if self.check_domain:
-            _check_unit_interval(x, type(self).__name__, closed=self.alpha > 0)
+            # u = alpha + (1 - 2 alpha) x must lie in (0, 1): x in (-a, 1 + a), a = alpha / (1 - 2 alpha),
+            # which contains [0, 1] for alpha > 0 and is exactly the image of the inverse.
+            a = self.alpha / (1 - 2 * self.alpha)
+            _check_open_interval(x, type(self).__name__, -a, 1 + a)
         u = self.alpha + (1 - 2 * self.alpha) * x if self.alpha else x
         log_u, log_1mu = torch.log(u), torch.log1p(-u)
         ladj = math.log1p(-2 * self.alpha) - log_u - log_1mu
@@ -176,6 +184,6 @@ class Sigmoid(Bijection):
 
     def inverse_and_log_det(self, z: Tensor, context: Tensor | None = None) -> tuple[Tensor, Tensor]:
         if self.check_domain:
-            _check_unit_interval(z, type(self).__name__, closed=False)
+            _check_open_interval(z, type(self).__name__)
         log_z, log_1mz = torch.log(z), torch.log1p(-z)
         return log_z - log_1mz, sum_event_dims(-log_z - log_1mz, len(self.event_shape), self.batch_shape(z))

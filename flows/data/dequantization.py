@@ -1,4 +1,4 @@
-r"""Dequantization of discrete data into the unit cube.
+r"""Dequantization of discrete data into the unit cube: uniform and variational.
 
 Uniform dequantization maps integer levels :math:`v \in \{0, \dots, K-1\}^D` to
 :math:`x = (v + u)/K` with :math:`u \sim \mathcal U[0, 1)^D`. For any density :math:`p` on
@@ -15,10 +15,17 @@ References:
 
 from __future__ import annotations
 
-import torch
-from torch import Tensor
+from collections.abc import Sequence
 
-__all__ = ["uniform_dequantize"]
+import torch
+from torch import Tensor, nn
+
+from flows._validation import check_event
+from flows.bijections import AffineCoupling, Chain, Invertible1x1Conv, Logit, Squeeze, half_mask
+from flows.distributions import StandardNormal
+from flows.nn import ConvNet
+
+__all__ = ["VariationalDequantizer", "uniform_dequantize"]
 
 
 def uniform_dequantize(
@@ -50,3 +57,98 @@ def uniform_dequantize(
         )
     u = torch.rand(v.shape, generator=generator, dtype=dtype, device=v.device)
     return (v + u) / levels
+
+
+class VariationalDequantizer(nn.Module):
+    r"""Learned dequantization noise :math:`q(u \mid v)` for images (variational dequantization, Flow++).
+
+    Integer images :math:`v \in \{0..K-1\}^{C \times H \times W}` are mapped to
+    :math:`x = (v + u)/K` with noise :math:`u \in (0, 1)^D` drawn from a conditional flow instead of
+    the uniform distribution:
+
+    .. math:: u = \sigma\big(g^{-1}(\varepsilon;\ v)\big), \quad \varepsilon \sim \mathcal N(0, I),
+              \qquad \log q(u \mid v) = \log \mathcal N(\varepsilon) + \log|\det \partial \varepsilon / \partial u|,
+
+    where :math:`g` (``self.transform``, data → latent like every transform of the library) is a
+    logit, a squeeze and ``steps`` affine couplings with :class:`~flows.nn.ConvNet` conditioners that
+    also see the image :math:`v` (interleaved with invertible 1×1 convolutions). Training the flow
+    :math:`p` and the dequantizer jointly maximises the variational bound
+
+    .. math:: \log P(v) \ge \mathbb E_{q}\big[\log p((v+u)/K) - \log q(u \mid v)\big] - D \log K,
+
+    which is at least as tight as the uniform bound (:func:`uniform_dequantize` is :math:`q = 1`).
+    Bits/dim: ``flows.metrics.bits_per_dim(log_p - log_q, D, K)``.
+
+    Args:
+        shape: the image shape ``(C, H, W)`` (``H`` and ``W`` even).
+        levels: number of discrete levels ``K``.
+        steps: number of affine couplings of the noise flow.
+        hidden: hidden channels of the coupling networks.
+
+    References:
+        Ho, Chen, Srinivas, Duan, Abbeel (2019), "Flow++: Improving Flow-Based Generative Models
+        with Variational Dequantization and Architecture Design", ICML, arXiv:1902.00275.
+
+    Example:
+        >>> import torch
+        >>> deq = VariationalDequantizer((1, 4, 4), levels=17, steps=2, hidden=8)
+        >>> v = torch.randint(0, 17, (3, 1, 4, 4))
+        >>> x, log_q = deq(v)
+        >>> bool(((x * 17 - v > 0) & (x * 17 - v < 1)).all()), log_q.shape
+        (True, torch.Size([3]))
+        >>> torch.allclose(deq.log_prob(v, x), log_q, atol=1e-4)
+        True
+    """
+
+    def __init__(self, shape: Sequence[int], levels: int, *, steps: int = 4, hidden: int = 32) -> None:
+        super().__init__()
+        shape = tuple(shape)
+        if len(shape) != 3 or not all(isinstance(s, int) and s > 0 for s in shape) or shape[1] % 2 or shape[2] % 2:
+            raise ValueError(
+                f"VariationalDequantizer: expected an image shape (C, H, W) with even H and W, got {shape}"
+            )
+        if not isinstance(levels, int) or levels < 2:
+            raise ValueError(f"VariationalDequantizer: expected levels >= 2, got {levels!r}")
+        if not isinstance(steps, int) or steps < 1:
+            raise ValueError(f"VariationalDequantizer: expected steps >= 1, got {steps!r}")
+        c, h, w = shape
+        self.shape, self.levels = shape, levels
+        channels = 4 * c
+        layers = [Logit((c, None, None), check_domain=False), Squeeze(c)]
+        for i in range(steps):
+            mask = half_mask(channels, keep_first=i % 2 == 0)
+            n_kept = int(mask.sum())
+            net = ConvNet(n_kept, 2 * (channels - n_kept), (hidden, hidden), context=channels)
+            layers += [AffineCoupling((channels, None, None), channels, mask=mask, conditioner=net)]
+            if i < steps - 1:
+                layers.append(Invertible1x1Conv(channels))
+        self.squeeze = Squeeze(c)
+        self.transform = Chain(*layers)
+        self.base = StandardNormal((channels, h // 2, w // 2))
+
+    def _context(self, v: Tensor, dtype: torch.dtype) -> Tensor:
+        """The conditioning image, scaled to ``[-0.5, 0.5]`` and squeezed like the noise."""
+        check_event(v, self.shape, "VariationalDequantizer", "levels_data")
+        return self.squeeze(v.to(dtype) / (self.levels - 1) - 0.5)
+
+    def forward(self, levels_data: Tensor, *, generator: torch.Generator | None = None) -> tuple[Tensor, Tensor]:
+        """Dequantize ``v``: returns ``x = (v + u)/K`` and ``log q(u | v)`` (shape ``batch``), reparameterised."""
+        anchor = next(self.parameters())
+        context = self._context(levels_data, anchor.dtype)
+        eps = torch.randn(context.shape, generator=generator, dtype=anchor.dtype, device=anchor.device)
+        u, ladj = self.transform.inverse_and_log_det(eps, context)
+        log_q = self.base.log_prob(eps) - ladj
+        return (levels_data.to(u.dtype) + u) / self.levels, log_q
+
+    def log_prob(self, levels_data: Tensor, x: Tensor) -> Tensor:
+        """``log q(u | v)`` of the noise ``u = K x - v`` that gives ``x`` (shape ``batch``).
+
+        Raises:
+            ValueError: if ``u`` is not in ``(0, 1)``.
+        """
+        context = self._context(levels_data, x.dtype)
+        u = x * self.levels - levels_data.to(x.dtype)
+        if u.numel() and not bool(((u > 0) & (u < 1)).all()):
+            raise ValueError("VariationalDequantizer: expected x in ((v + 0)/K, (v + 1)/K) for every entry")
+        eps, ladj = self.transform.forward_and_log_det(u, context)
+        return self.base.log_prob(eps) + ladj

@@ -1,5 +1,39 @@
 """Evaluation metrics: density (bits/dim), and (in their own modules) importance sampling and MCMC diagnostics."""
 
 from flows.metrics.density import bits_per_dim
+from flows.metrics.importance import (
+    FreeEnergyProfile,
+    free_energy_profile,
+    kish_ess,
+    log_importance_weights,
+    log_z_estimate,
+    reweighted_mean,
+    sample_log_weights,
+)
+from flows.metrics.mcmc import (
+    acceptance_rate,
+    effective_sample_size,
+    integrated_autocorr_time,
+    mode_weight_error,
+    mode_weights,
+    sliced_wasserstein,
+    split_rhat,
+)
 
-__all__ = ["bits_per_dim"]
+__all__ = [
+    "FreeEnergyProfile",
+    "acceptance_rate",
+    "bits_per_dim",
+    "effective_sample_size",
+    "free_energy_profile",
+    "integrated_autocorr_time",
+    "kish_ess",
+    "log_importance_weights",
+    "log_z_estimate",
+    "mode_weight_error",
+    "mode_weights",
+    "reweighted_mean",
+    "sample_log_weights",
+    "sliced_wasserstein",
+    "split_rhat",
+]

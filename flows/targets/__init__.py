@@ -5,6 +5,7 @@ Every target is an :class:`EnergyTarget`: ``energy(x)``, ``log_prob(x)``, ``ener
 """
 
 from flows.targets.base import EnergyTarget
+from flows.targets.interpolated import InterpolatedEnergy, TemperedEnergy
 from flows.targets.lattice import PhiFour
 from flows.targets.mixtures import Gaussian, GaussianMixture
 from flows.targets.particles import DW4, LJ13, ParticleSystem
@@ -20,8 +21,10 @@ __all__ = [
     "Funnel",
     "Gaussian",
     "GaussianMixture",
+    "InterpolatedEnergy",
     "ManyWell",
     "MullerBrown",
     "ParticleSystem",
     "PhiFour",
+    "TemperedEnergy",
 ]

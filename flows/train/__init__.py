@@ -3,7 +3,9 @@
 * :class:`Trainer`: the loop (validation, early stopping, schedules, clipping, auxiliary losses,
   NaN guard, progress, metrics history, atomic checkpoints, exact resume, DDP);
 * objectives: :class:`MaximumLikelihood` (data), :class:`WeightedSum` (mixtures), and the
-  :class:`Objective` protocol for your own (reverse KL on energy targets plugs in here);
+  :class:`Objective` protocol for your own; energy targets (:mod:`flows.train.energy`):
+  :class:`ReverseKL` (with temperature and :class:`AnnealTemperature`), :class:`ForwardKL` on
+  reference or exact samples;
 * callbacks: :class:`EarlyStopping`, :class:`MetricsLogger`, :class:`PrintMetrics`;
 * checkpoints: :func:`save_checkpoint`, :func:`load_checkpoint`, :func:`save_model`,
   :func:`load_model`, model configs (:func:`model_config`, :func:`build_model`,
@@ -22,6 +24,14 @@ from flows.train.checkpoint import (
     save_model,
 )
 from flows.train.config import available_models, build_model, model_config, register_model
+from flows.train.energy import (
+    AnnealTemperature,
+    ForwardKL,
+    ReverseKL,
+    annealed_temperature,
+    forward_kl_loss,
+    reverse_kl_loss,
+)
 from flows.train.guard import NonFiniteGuard, TrainingDiverged, TrainingWarning
 from flows.train.history import History
 from flows.train.injective import FreeFormInjectiveObjective
@@ -29,10 +39,12 @@ from flows.train.objectives import MaximumLikelihood, Objective, WeightedSum
 from flows.train.trainer import Trainer
 
 __all__ = [
+    "AnnealTemperature",
     "Callback",
     "Checkpoint",
     "CheckpointError",
     "EarlyStopping",
+    "ForwardKL",
     "FreeFormInjectiveObjective",
     "History",
     "MaximumLikelihood",
@@ -40,17 +52,21 @@ __all__ = [
     "NonFiniteGuard",
     "Objective",
     "PrintMetrics",
+    "ReverseKL",
     "Trainer",
     "TrainingDiverged",
     "TrainingWarning",
     "WeightedSum",
+    "annealed_temperature",
     "available_models",
     "build_model",
+    "forward_kl_loss",
     "load_checkpoint",
     "load_model",
     "model_config",
     "read_checkpoint_header",
     "register_model",
+    "reverse_kl_loss",
     "save_checkpoint",
     "save_model",
 ]
