@@ -89,7 +89,8 @@ def locate(
     # b[j] = [j <= k], from the interior knots of the searched row, o_j + (s / total) C_j for j = 1..K-1
     # (a point on a knot goes to the bin to its right); the running sum C_j also gives that row's total.
     b = torch.empty((k + 1, *shape), dtype=dtype, device=device)
-    b[:: max(k, 1)].copy_(torch.tensor([1.0, 0.0], dtype=dtype, device=device).view(2, *trailing))
+    b[0].fill_(1)
+    b[k].zero_()
     inverse_total = torch.empty((2, *shape), dtype=dtype, device=device)
     torch.sum(e[1 - row], 0, out=inverse_total[1 - row])
     if k > 1:
