@@ -57,10 +57,11 @@ def _worker(rank: int, store: str, out: str) -> None:
 def test_two_processes_match_one(tmp_path: Path) -> None:
     torch.set_num_threads(1)
     out = tmp_path / "ddp.pt"
-    # fork: the children inherit the imports (spawn re-imports torch twice, ~10 s more on a busy machine);
-    # each sets one intra-op thread first, so no OpenMP pool is used across the fork.
+    # spawn, not fork: by this point the pytest process may hold OpenMP, inter-op, tqdm or gloo threads
+    # from earlier tests, and a forked child that inherits a lock held by one of them hangs forever
+    # (seen on CI). Spawn re-imports torch in each child, a few seconds more, but is always safe.
     context = mp.start_processes(
-        _worker, args=(str(tmp_path / "store"), str(out)), nprocs=2, start_method="fork", join=False
+        _worker, args=(str(tmp_path / "store"), str(out)), nprocs=2, start_method="spawn", join=False
     )
     deadline = time.monotonic() + 240
     while not context.join(timeout=1):
