@@ -2,7 +2,9 @@
 
 One training step = log_prob on a batch + backward + Adam. The **floor** is the bare conditioner
 networks doing the same matmuls (8 MLPs 32 → 256 → 256 → 64 on (512, 32) inputs, summed output,
-backward, Adam): everything a coupling flow adds on top of it is overhead. Peers: zuko `RealNVP`,
+backward, Adam): everything a coupling flow adds on top of it is overhead. A second reference line,
+``floor + input grads``, also computes each network's input gradient, a matmul per coupling that any
+flow must do (a conditioner's input depends on the layers below) and the first floor skips. Peers: zuko `RealNVP`,
 nflows `SimpleRealNVP`, normflows `MaskedAffineFlow` stacks of equal width (skipped with a note
 when a peer is not installed: ``pip install ".[bench]"``).
 
@@ -16,6 +18,7 @@ headline, the ratio of best rounds is printed beside it (less sensitive to other
 from __future__ import annotations
 
 import argparse
+import copy
 import statistics
 import time
 from collections.abc import Callable
@@ -58,6 +61,18 @@ def contenders(features: int, transforms: int, hidden: int) -> dict[str, tuple[C
         return sum(net(h).sum() for net in floor)
 
     out["floor (bare conditioners)"] = (make_step(floor_loss, floor.parameters()), _count(floor))
+
+    # The same networks, but with the gradient with respect to each network's input computed too: in a
+    # flow every conditioner's input depends on the layers below it, so backward must run these
+    # matmuls (7 of 8 couplings here; the first one's input is the data). Printed as a second
+    # reference line, so both the floor and this stricter one are visible side by side.
+    floor_in = copy.deepcopy(floor)
+
+    def floor_in_loss(x: torch.Tensor) -> torch.Tensor:
+        h = x[:, :half].detach().requires_grad_()
+        return sum(net(h).sum() for net in floor_in)
+
+    out["floor + input grads"] = (make_step(floor_in_loss, floor_in.parameters()), _count(floor_in))
 
     ours = flows.RealNVP(features, transforms=transforms, hidden=(hidden, hidden))
     out["flows RealNVP"] = (make_step(lambda x: -ours.log_prob(x).mean(), ours.parameters()), _count(ours))

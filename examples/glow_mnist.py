@@ -147,6 +147,9 @@ def main(argv: list[str] | None = None) -> dict:
     parser.add_argument("--hidden", type=int, default=96)
     parser.add_argument("--split", choices=("static", "eiw"), default="static")
     parser.add_argument("--mixer", choices=("1x1", "lu", "circulant"), default="1x1")
+    parser.add_argument(
+        "--share-conditioner", action="store_true", help="NanoFlow sharing: one coupling network per level"
+    )
     parser.add_argument("--dequantization", choices=("uniform", "variational"), default="uniform")
     parser.add_argument("--alpha", type=float, default=1e-6, help="alpha of the logit preprocessing")
     parser.add_argument("--batch-size", type=int, default=64)
@@ -178,6 +181,7 @@ def main(argv: list[str] | None = None) -> dict:
         split=args.split,
         mixer=args.mixer,
         logit_alpha=args.alpha,
+        share_conditioner=args.share_conditioner,
     )
     dequantizer = VariationalDequantizer(shape, levels) if args.dequantization == "variational" else None
     params = list(model.parameters()) + (list(dequantizer.parameters()) if dequantizer else [])
@@ -187,7 +191,8 @@ def main(argv: list[str] | None = None) -> dict:
     print(
         f"{args.data}: {len(train)} train / {len(test)} test images {shape}, Glow levels={args.levels} "
         f"steps={args.steps} hidden={args.hidden} split={args.split} mixer={args.mixer} "
-        f"dequantization={args.dequantization}, {n_params} parameters, torch threads {torch.get_num_threads()}"
+        f"shared={args.share_conditioner} dequantization={args.dequantization}, {n_params} parameters, "
+        f"torch threads {torch.get_num_threads()}"
     )
 
     # a fixed random subset of the test set for the periodic evaluations (the full set is scored at the end)

@@ -12,7 +12,7 @@ import torch.multiprocessing as mp
 
 import flows
 from flows.train import MaximumLikelihood, Trainer
-from flows.train.distributed import all_reduce_weighted_mean
+from flows.train.distributed import all_reduce_weighted_mean, cleanup_distributed
 
 pytestmark = pytest.mark.skipif(not dist.is_available(), reason="torch.distributed is not available")
 
@@ -35,6 +35,7 @@ def _fit(model: flows.Flow, train: torch.Tensor, val: torch.Tensor):
 def _worker(rank: int, store: str, out: str) -> None:
     torch.set_num_threads(1)
     dist.init_process_group("gloo", init_method=f"file://{store}", rank=rank, world_size=2)
+    finished = False
     try:
         model, train, val = _setup()
         torch.manual_seed(100 + rank)  # different per-process random state must not matter here
@@ -50,8 +51,9 @@ def _worker(rank: int, store: str, out: str) -> None:
                 },
                 out,
             )
+        finished = True
     finally:
-        dist.destroy_process_group()
+        cleanup_distributed(barrier=finished)
 
 
 def test_two_processes_match_one(tmp_path: Path) -> None:

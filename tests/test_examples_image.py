@@ -21,7 +21,9 @@ def _main(path: str):
 TINY = ["--steps", "1", "--hidden", "8", "--eval-every", "0.5", "--threads", "1", "--warmup", "5"]
 
 
-@pytest.mark.parametrize("options", [[], ["--split", "eiw", "--dequantization", "variational", "--ema", "0"]])
+@pytest.mark.parametrize(
+    "options", [[], ["--split", "eiw", "--dequantization", "variational", "--ema", "0"], ["--share-conditioner"]]
+)
 def test_glow_mnist_on_the_digits(tmp_path: Path, capsys, options: list[str]) -> None:
     metrics = _main("examples/glow_mnist.py")(
         ["--data", "digits", "--time-budget", "1.5", *TINY, *options, "--out", str(tmp_path)]

@@ -156,6 +156,57 @@ def test_input_gradient_can_be_differentiated_with_respect_to_parameters() -> No
     torch.testing.assert_close(results[0], results[1])
 
 
+@pytest.mark.parametrize("layout", ["feature-major", "parameter-major", "broadcast"])
+def test_hand_written_forward_backward_matches_autograd_of_the_formula(layout: str) -> None:
+    """The fused forward's backward equals autograd through the differentiable formulation, tails included."""
+    spline, params, gen = _setup(n=96, bins=6, scale=2.0)
+    x = 8 * torch.rand(96, generator=gen, dtype=torch.float64) - 4
+    x[:6] = torch.tensor([-1e4, 1e4, -B, B, 0.0, B - 1e-12], dtype=torch.float64)
+    x, params = x.view(8, 12), params.view(8, 12, -1)
+    if layout == "parameter-major":
+        params = params.transpose(1, 2).contiguous().transpose(1, 2)
+    elif layout == "broadcast":
+        params = params[0]
+    weights = torch.randn(2, 8, 12, generator=gen, dtype=torch.float64)
+    grads = []
+    for fn in (spline.forward_and_log_det, spline._forward_autograd):
+        p, v = params.clone().requires_grad_(True), x.clone().requires_grad_(True)
+        y, ladj = fn(v, p) if fn is spline.forward_and_log_det else fn(v, p.expand(8, 12, -1))
+        (weights[0] * y + weights[1] * ladj).sum().backward()
+        grads.append((y.detach(), ladj.detach(), v.grad, p.grad))
+    for fused, autograd in zip(*grads, strict=True):
+        torch.testing.assert_close(fused, autograd, atol=1e-9, rtol=1e-9)  # O(1) values, float64 rounding
+    if layout != "broadcast":
+        assert not grads[0][3][0, :2].any()  # the tails (x = ±1e4) do not depend on the parameters
+    torch.testing.assert_close(grads[0][2][0, :2], weights[0, 0, :2], atol=0, rtol=0)  # identity tails: dy/dx = 1
+
+
+def test_first_derivatives_agree_with_and_without_create_graph() -> None:
+    spline, params, gen = _setup(n=32)
+    x = 6 * torch.rand(32, generator=gen, dtype=torch.float64) - 3
+    results = []
+    for create_graph in (False, True):
+        p, v = params.clone().requires_grad_(True), x.clone().requires_grad_(True)
+        y, ladj = spline.forward_and_log_det(v, p)
+        results.append(torch.autograd.grad((y * ladj).sum(), (v, p), create_graph=create_graph))
+    for a, b in zip(*results, strict=True):
+        torch.testing.assert_close(a, b.detach(), atol=1e-12, rtol=1e-10)
+
+
+def test_backward_releases_what_it_saved() -> None:
+    """Intermediates are saved with save_for_backward (freed after the backward), not kept on the graph."""
+    spline, params, gen = _setup(n=16)
+    p, v = params.clone().requires_grad_(True), (4 * torch.rand(16, generator=gen, dtype=torch.float64) - 2)
+    y, ladj = spline.forward_and_log_det(v.requires_grad_(True), p)
+    (y.sum() + ladj.sum()).backward(retain_graph=False)
+    with pytest.raises(RuntimeError, match="second time"):
+        (y.sum() + ladj.sum()).backward()
+    z, ladj_inv = spline.inverse_and_log_det(y.detach(), p)
+    (z.sum() + ladj_inv.sum()).backward()
+    with pytest.raises(RuntimeError, match="second time"):
+        (z.sum() + ladj_inv.sum()).backward()
+
+
 def test_second_derivative_in_the_parameters_raises_clearly() -> None:
     spline, params, _ = _setup(n=4)
     p = params.clone().requires_grad_(True)

@@ -15,11 +15,10 @@ import torch
 import torch.nn.functional as F
 from torch import Tensor
 
+from flows.bijections._spline_autograd import BinEnds, SplineForward, forward_map, log_derivative
 from flows.bijections.transformers import Transformer
 
 __all__ = ["RationalQuadraticSpline"]
-
-_LOG2E = math.log2(math.e)
 
 
 class RationalQuadraticSpline(Transformer):
@@ -126,40 +125,34 @@ class RationalQuadraticSpline(Transformer):
             self._constants[key] = (offsets.to(like), scales.to(like))
         return self._constants[key]
 
-    def _bin_parameters(self, v: Tensor, params: Tensor, inverse: bool) -> tuple[Tensor, ...]:
-        """Locate ``v`` (clamped to the domain) and return its bin's ``x_k, w_k, y_k, h_k, d_k, d_{k+1}``."""
+    def _check_params(self, params: Tensor) -> None:
         if params.shape[-1] != self.params_per_dim:
             raise ValueError(
                 f"{type(self).__name__}: expected raw parameters of shape (*, {self.params_per_dim}) "
                 f"(3 * bins - 1 with bins={self.bins}), got {tuple(params.shape)}"
             )
+
+    def _bin_parameters(self, v: Tensor, params: Tensor, inverse: bool) -> tuple[Tensor, ...]:
+        """Locate ``v`` (clamped to the domain) and return its bin's ``x_k, w_k, y_k, h_k, d_k, d_{k+1}``."""
+        self._check_params(params)
         params = params.expand(*v.shape, self.params_per_dim)
         offsets, scales = self._knot_constants(params)
-        lower, size, raw = _BinEnds.apply(params, v.detach(), offsets, scales, int(inverse), self._softplus_shift)
+        lower, size, raw = BinEnds.apply(params, v.detach(), offsets, scales, int(inverse), self._softplus_shift)
         x_k, y_k = lower.unbind(0)
         width, height = size.unbind(0)
         d_k, d_k1 = (F.softplus(raw) + self.min_derivative).unbind(0)
         return x_k, width, y_k, height, d_k, d_k1
 
-    @staticmethod
-    def _log_derivative(xi: Tensor, one_minus: Tensor, s: Tensor, d_k: Tensor, d_k1: Tensor, den: Tensor) -> Tensor:
-        """``log dy/dx = log(d_{k+1} ξ² + 2 s ξ(1-ξ) + d_k (1-ξ)²) + 2 log(s / den)``."""
-        numerator = torch.addcmul(d_k1 * (xi * xi), s, xi * one_minus, value=2)
-        numerator = torch.addcmul(numerator, d_k, one_minus * one_minus)
-        return torch.add(torch.log(numerator), torch.log(s / den), alpha=2)
-
-    def forward_and_log_det(self, x: Tensor, params: Tensor) -> tuple[Tensor, Tensor]:
+    def _forward_autograd(self, x: Tensor, params: Tensor) -> tuple[Tensor, Tensor]:
+        """The forward map built from differentiable operations (any order in ``x``), for double backward."""
         xc = x.clamp(-self.bound, self.bound)
         inside = xc == x
-        x_k, w, y_k, h, d_k, d_k1 = self._bin_parameters(xc, params, inverse=False)
-        s = h / w
-        xi = (xc - x_k) / w
-        one_minus = 1 - xi
-        t = xi * one_minus
-        den = torch.addcmul(s, torch.add(d_k + d_k1, s, alpha=-2), t)  # s + (d_k + d_{k+1} - 2s) t
-        y = torch.addcmul(y_k, h, torch.addcmul(d_k * t, s, xi * xi) / den)  # y_k + h (s ξ² + d_k t) / den
-        ladj = self._log_derivative(xi, one_minus, s, d_k, d_k1, den)
+        y, ladj, _ = forward_map(xc, *self._bin_parameters(xc, params, inverse=False))
         return torch.where(inside, y, x), torch.where(inside, ladj, 0.0)
+
+    def forward_and_log_det(self, x: Tensor, params: Tensor) -> tuple[Tensor, Tensor]:
+        self._check_params(params)
+        return SplineForward.apply(x, params.expand(*x.shape, self.params_per_dim), self)
 
     def inverse_and_log_det(self, z: Tensor, params: Tensor) -> tuple[Tensor, Tensor]:
         zc = z.clamp(-self.bound, self.bound)
@@ -175,121 +168,10 @@ class RationalQuadraticSpline(Transformer):
         xi = (2 * c) / (-b - torch.sqrt(discriminant))
         x = torch.addcmul(x_k, xi, w)
         one_minus = 1 - xi
-        den = torch.addcmul(s, delta, xi * one_minus)
-        ladj = -self._log_derivative(xi, one_minus, s, d_k, d_k1, den)
+        t = xi * one_minus
+        den = torch.addcmul(s, delta, t)
+        ladj = -log_derivative(xi * xi, t, one_minus * one_minus, s, d_k, d_k1, den)[1]
         return torch.where(inside, x, z), torch.where(inside, ladj, 0.0)
 
     def extra_repr(self) -> str:
         return f"bins={self.bins}, bound={self.bound}"
-
-
-def _dense_stride(t: Tensor) -> tuple[int, ...] | None:
-    """The strides of ``t`` if it fills its memory densely (a permuted contiguous tensor), else ``None``."""
-    order = sorted(range(t.dim()), key=lambda i: t.stride(i))
-    expected = 1
-    for i in order:
-        if t.shape[i] != 1 and t.stride(i) != expected:
-            return None
-        expected *= t.shape[i]
-    return t.stride()
-
-
-class _BinEnds(torch.autograd.Function):
-    r"""Knots from raw sizes, bin search and gather, with a hand-written backward.
-
-    Forward: raw parameters ``(*S, 3K - 1)`` and points ``v`` of shape ``S`` → the lower knot and the
-    size of the bin holding each ``v``, both ``(2, *S)`` (rows x and y), and the raw derivatives
-    at its two knots plus ``shift``, ``(2, *S)`` (the raw derivative is 0 at the boundary knots).
-
-    With :math:`p = \operatorname{softmax}(u)` and :math:`C_j = \sum_{i<j} p_i`, knot :math:`j` is
-    :math:`o_j + s C_j` and :math:`\partial C_j / \partial u_l = p_l([l < j] - C_j)`. The backward
-    applies this to the two knots of the bin directly, writing into the gradient buffer in place,
-    instead of differentiating softmax, cumsum and gather one by one. It is once-differentiable (a
-    second derivative with respect to the raw parameters raises).
-
-    CPU performance notes (each measured, PyTorch 2.13): the work runs parameter-first on
-    ``params.movedim(-1, 0)`` so that kernels run along ``S`` (contiguously with a parameter-major
-    conditioner output), not along rows of ``K`` entries; ``exp2`` is several times faster than
-    ``exp``; the running sum over the bins is ``K`` adds (``cumsum`` over a leading dimension is
-    slow); comparisons write float masks directly (bool outputs, ``where`` and bool arithmetic are
-    slow); ``amax`` keeps the exponentials finite for any raw values.
-    """
-
-    @staticmethod
-    def forward(
-        ctx, params: Tensor, v: Tensor, offsets: Tensor, scales: Tensor, row: int, shift: float
-    ) -> tuple[Tensor, ...]:
-        k = offsets.shape[-1] - 1
-        shape = v.shape
-        trailing = (1,) * len(shape)
-        dtype, device = params.dtype, params.device
-        theta = params.movedim(-1, 0)  # (3K - 1, *S), a view
-        sizes = theta[: 2 * k].unflatten(0, (2, k))
-        e = torch.sub(sizes, sizes.amax(1, keepdim=True)).mul_(_LOG2E).exp2_()  # softmax numerators
-        total = e.sum(1)  # (2, *S)
-        inverse_total = torch.reciprocal(total)
-        scaled = inverse_total * scales.view(2, *trailing)  # s / total
-        # Interior knots of the searched row, o_j + (s / total) Σ_{i<j} e_i for j = 1..K-1.
-        interior = torch.empty((k - 1, *shape), dtype=dtype, device=device)
-        if k > 1:
-            interior[0] = e[row, 0]
-            for j in range(1, k - 1):
-                torch.add(interior[j - 1], e[row, j], out=interior[j])
-        interior.mul_(scaled[row]).add_(offsets[row, 1:k].view(k - 1, *trailing))
-        below = torch.empty((k - 1, *shape), dtype=dtype, device=device)
-        torch.ge(v, interior, out=below)  # [knot l + 1 <= v] = [l < bin], as 0./1. (knots go to the right bin)
-        index = below.sum(0)  # the bin, as a float
-        # C_k and C_{k+1} (times the total) as masked sums: [l < k] = below[l], [l <= k] = below[l - 1].
-        c_low = (e[:, : k - 1] * below).sum(1)
-        c_high = (e[:, 1:] * below).sum(1).add_(e[:, 0])
-        step = (offsets[:, 1] - offsets[:, 0]).view(2, *trailing)  # o_j = o_0 + step j
-        lower = torch.addcmul(offsets[:, 0].view(2, *trailing), index, step).addcmul_(c_low, scaled)  # knot k
-        size = torch.addcmul(step, c_high - c_low, scaled)  # knot k + 1 - knot k
-        # Raw derivatives r_j (rows 2K + j - 1, j = 1..K-1; r_0 = r_K = 0 at the boundary knots):
-        # r_k = Σ_l below[l] (r_{l+1} - r_l) and r_{k+1} = r_1 + Σ_l below[l] (r_{l+2} - r_{l+1}).
-        r = theta[2 * k :]
-        steps = torch.empty((k, *shape), dtype=dtype, device=device)  # r_{l+1} - r_l for l = 0..K-1
-        if k > 1:
-            steps[0] = r[0]
-            torch.sub(r[1:], r[:-1], out=steps[1 : k - 1])
-            torch.neg(r[-1], out=steps[k - 1])
-            raw = torch.stack(((below * steps[:-1]).sum(0), (below * steps[1:]).sum(0).add_(r[0]))).add_(shift)
-        else:
-            raw = torch.full((2, *shape), shift, dtype=dtype, device=device)
-        if ctx.needs_input_grad[0]:
-            ctx.save_for_backward(e, scaled, below, c_low.mul_(inverse_total), c_high.mul_(inverse_total))
-            ctx.layout = (params.shape, _dense_stride(params))
-            ctx.k = k
-        return lower, size, raw
-
-    @staticmethod
-    @torch.autograd.function.once_differentiable
-    def backward(ctx, grad_lower: Tensor, grad_size: Tensor, grad_raw: Tensor) -> tuple[Tensor | None, ...]:
-        e, scaled, below, c_low, c_high = ctx.saved_tensors  # C_k, C_{k+1}
-        k = ctx.k
-        # With p_l = e_l / total: d knot_j / d u_l = (s / total) e_l ([l < j] - C_j) for j = k, k + 1.
-        # The factor s / total multiplies the small (2, *S) upstream gradients, not the (2, K, *S) terms.
-        g_low, g_high = grad_lower - grad_size, grad_size  # knot k, knot k + 1
-        shape, stride = ctx.layout  # the gradient gets the parameters' memory layout
-        if stride is None:
-            grad = torch.empty(shape, dtype=e.dtype, device=e.device)
-        else:
-            grad = torch.empty_strided(shape, stride, dtype=e.dtype, device=e.device)
-        theta = grad.movedim(-1, 0)
-        g = theta[: 2 * k].unflatten(0, (2, k))
-        g0, g1 = g_low * scaled, g_high * scaled
-        torch.mul(below, g0.unsqueeze(1), out=g[:, : k - 1])
-        g[:, k - 1].zero_()
-        g[:, 1:].addcmul_(below, g1.unsqueeze(1))
-        g[:, 0].add_(g1)
-        g.sub_((g0 * c_low + g1 * c_high).unsqueeze(1)).mul_(e)
-        if k > 1:
-            # d r_k / d r_j = below[j-1] - below[j], d r_{k+1} / d r_j = below[j-2] - below[j-1] (j = 1..K-1,
-            # below[-1] = 1, below[K-1] = 0).
-            d0, d1 = grad_raw[0], grad_raw[1]
-            out = theta[2 * k :]
-            torch.mul(below, (d0 - d1), out=out)
-            out[:-1].addcmul_(below[1:], d0, value=-1)
-            out[1:].addcmul_(below[:-1], d1)
-            out[0].add_(d1)
-        return grad, None, None, None, None, None

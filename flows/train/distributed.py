@@ -86,9 +86,18 @@ def init_distributed(backend: str | None = None, *, seed: int | None = None) -> 
     return device
 
 
-def cleanup_distributed() -> None:
-    """Leave the process group (if one is active)."""
+def cleanup_distributed(*, barrier: bool = True) -> None:
+    """Leave the process group (if one is active).
+
+    With ``barrier`` (the default) every process first waits for the others, so that no process
+    tears its gloo connections down while a peer is still using them (a peer that is still saving
+    a checkpoint, say): gloo then aborts the process that is left behind ("terminate called without
+    an active exception"). Pass ``barrier=False`` when leaving after an error, where the peers may
+    never arrive.
+    """
     if dist.is_available() and dist.is_initialized():
+        if barrier:
+            dist.barrier()
         dist.destroy_process_group()
 
 
