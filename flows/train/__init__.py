@@ -6,6 +6,8 @@
   :class:`Objective` protocol for your own; energy targets (:mod:`flows.train.energy`):
   :class:`ReverseKL` (with temperature and :class:`AnnealTemperature`), :class:`ForwardKL` on
   reference or exact samples;
+* regression onto latent–data pairs (:mod:`flows.train.regression`): :class:`PairRegression`
+  (FORT / RegFlow; pairs from :mod:`flows.pairs`);
 * callbacks: :class:`EarlyStopping`, :class:`MetricsLogger`, :class:`PrintMetrics`;
 * checkpoints: :func:`save_checkpoint`, :func:`load_checkpoint`, :func:`save_model`,
   :func:`load_model`, model configs (:func:`model_config`, :func:`build_model`,
@@ -36,6 +38,7 @@ from flows.train.guard import NonFiniteGuard, TrainingDiverged, TrainingWarning
 from flows.train.history import History
 from flows.train.injective import FreeFormInjectiveObjective
 from flows.train.objectives import MaximumLikelihood, Objective, WeightedSum
+from flows.train.regression import PairRegression, pair_regression_loss
 from flows.train.trainer import Trainer
 
 __all__ = [
@@ -51,6 +54,7 @@ __all__ = [
     "MetricsLogger",
     "NonFiniteGuard",
     "Objective",
+    "PairRegression",
     "PrintMetrics",
     "ReverseKL",
     "Trainer",
@@ -64,6 +68,7 @@ __all__ = [
     "load_checkpoint",
     "load_model",
     "model_config",
+    "pair_regression_loss",
     "read_checkpoint_header",
     "register_model",
     "reverse_kl_loss",
