@@ -59,7 +59,10 @@ class MLP(nn.Module):
         for i, (a, b) in enumerate(itertools.pairwise(widths)):
             layers.append(nn.Linear(a, b))
             if i < len(widths) - 2:
-                layers.append(activation())
+                act = activation()
+                if type(act) is nn.ReLU:  # a Linear's backward does not need its output: rectify it in place
+                    act.inplace = True
+                layers.append(act)
         if zero_init:
             nn.init.zeros_(layers[-1].weight)
             nn.init.zeros_(layers[-1].bias)
