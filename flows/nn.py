@@ -257,9 +257,11 @@ class MADE(nn.Module):
             check_context(context, self.context_features, "MADE")
             x = torch.cat((x, context.expand(*x.shape[:-1], self.context_features)), dim=-1)
         masks, layers = self.masks(), self.layers
+        # Without residual connections each pre-activation is used once, so a ReLU may overwrite it.
+        inplace = not self.residual and type(self.activation) is nn.ReLU
 
         def act(h: Tensor) -> Tensor:
-            h = self.activation(h)
+            h = torch.relu_(h) if inplace else self.activation(h)
             return F.dropout(h, self.dropout, self.training) if self.dropout else h
 
         h = F.linear(x, layers[0].weight * masks[0], layers[0].bias)
