@@ -11,8 +11,13 @@ when a peer is not installed: ``pip install ".[bench]"``).
 All contenders are timed interleaved in one run, with one thread; the ratio of medians is the
 headline, the ratio of best rounds is printed beside it (less sensitive to other load).
 
+With ``--compile`` the floors, our RealNVP and zuko's also run under ``torch.compile`` (inductor,
+what ``Trainer(compile=True)`` uses; the optimizer step stays eager for all), and a second table
+compares the compiled contenders with the compiled floor: like against like.
+
     python benchmarks/step_overhead.py                  # D=64, batch 512, 8 couplings, hidden 2x256
     python benchmarks/step_overhead.py --repeats 5      # quicker
+    python benchmarks/step_overhead.py --compile        # also under torch.compile (about a minute more)
 """
 
 from __future__ import annotations
@@ -45,7 +50,10 @@ def make_step(loss_fn: Callable[[torch.Tensor], torch.Tensor], params, lr: float
     return step
 
 
-def contenders(features: int, transforms: int, hidden: int) -> dict[str, tuple[Callable, int]]:
+COMPILED = " (compiled)"
+
+
+def contenders(features: int, transforms: int, hidden: int, compile: bool = False) -> dict[str, tuple[Callable, int]]:
     out: dict[str, tuple[Callable, int]] = {}
     half = features // 2
 
@@ -77,11 +85,37 @@ def contenders(features: int, transforms: int, hidden: int) -> dict[str, tuple[C
     ours = flows.RealNVP(features, transforms=transforms, hidden=(hidden, hidden))
     out["flows RealNVP"] = (make_step(lambda x: -ours.log_prob(x).mean(), ours.parameters()), _count(ours))
 
+    if compile:  # fresh copies, so that eager and compiled contenders do not share optimizer state
+        floor_c, floor_in_c, ours_c = copy.deepcopy(floor), copy.deepcopy(floor_in), copy.deepcopy(ours)
+        out["floor" + COMPILED] = (
+            make_step(torch.compile(lambda x: sum(net(x[:, :half]).sum() for net in floor_c)), floor_c.parameters()),
+            _count(floor_c),
+        )
+
+        def floor_in_c_loss(x: torch.Tensor) -> torch.Tensor:
+            h = x[:, :half].detach().requires_grad_()
+            return sum(net(h).sum() for net in floor_in_c)
+
+        out["floor + input grads" + COMPILED] = (
+            make_step(torch.compile(floor_in_c_loss), floor_in_c.parameters()),
+            _count(floor_in_c),
+        )
+        out["flows RealNVP" + COMPILED] = (
+            make_step(torch.compile(lambda x: -ours_c.log_prob(x).mean()), ours_c.parameters()),
+            _count(ours_c),
+        )
+
     try:
         import zuko
 
         zk = zuko.flows.RealNVP(features, transforms=transforms, hidden_features=(hidden, hidden))
         out["zuko RealNVP"] = (make_step(lambda x: -zk().log_prob(x).mean(), zk.parameters()), _count(zk))
+        if compile:
+            zk_c = copy.deepcopy(zk)
+            out["zuko RealNVP" + COMPILED] = (
+                make_step(torch.compile(lambda x: -zk_c().log_prob(x).mean()), zk_c.parameters()),
+                _count(zk_c),
+            )
     except ImportError:
         print("zuko not installed: skipped")
 
@@ -118,16 +152,20 @@ def main(argv: list[str] | None = None) -> dict[str, float]:
     parser.add_argument("--repeats", type=int, default=15, help="interleaved rounds")
     parser.add_argument("--steps", type=int, default=5, help="steps per contender per round")
     parser.add_argument("--threads", type=int, default=1)
+    parser.add_argument("--compile", action="store_true", help="also time contenders under torch.compile")
     args = parser.parse_args(argv)
 
     torch.set_num_threads(args.threads)
     torch.manual_seed(0)
     x = torch.randn(args.batch, args.features)
-    runs = contenders(args.features, args.transforms, args.hidden)
+    runs = contenders(args.features, args.transforms, args.hidden, args.compile)
     times: dict[str, list[float]] = {name: [] for name in runs}
-    for step, _ in runs.values():  # warm-up
+    for name, (step, _) in runs.items():  # warm-up (and compilation)
+        began = time.perf_counter()
         for _ in range(3):
             step(x)
+        if name.endswith(COMPILED):
+            print(f"{name}: compiled and warmed up in {time.perf_counter() - began:.1f} s")
     for _ in range(args.repeats):
         for name, (step, _) in runs.items():
             start = time.perf_counter()
@@ -146,7 +184,17 @@ def main(argv: list[str] | None = None) -> dict[str, float]:
     print(f"{'contender':<30} {'ms/step':>9} {'x floor':>8} {'best x floor':>13} {'params':>10}")
     for name, ms in medians.items():
         print(f"{name:<30} {ms:9.2f} {ms / floor:8.3f} {best[name] / floor_best:13.3f} {runs[name][1]:10,d}")
-    return {name: ms / floor for name, ms in medians.items()}
+    ratios = {name: ms / floor for name, ms in medians.items()}
+    if args.compile:
+        floor_c, floor_c_best = medians["floor" + COMPILED], best["floor" + COMPILED]
+        print(f"\nunder torch.compile, against the compiled floor ({floor_c:.2f} ms/step)")
+        print(f"{'contender':<30} {'ms/step':>9} {'x floor':>8} {'best x floor':>13}")
+        for name, ms in medians.items():
+            if name.endswith(COMPILED):
+                label = name[: -len(COMPILED)]
+                print(f"{label:<30} {ms:9.2f} {ms / floor_c:8.3f} {best[name] / floor_c_best:13.3f}")
+                ratios[name + " vs compiled floor"] = ms / floor_c
+    return ratios
 
 
 if __name__ == "__main__":

@@ -69,8 +69,21 @@ def check_event(x: Tensor, event_shape: Sequence[int | None], who: str, what: st
         raise ValueError(f"{who}: expected {what} of shape (*batch, {expected}), got {tuple(x.shape)}")
 
 
+NON_FINITE_MESSAGE = "expected no NaN/Inf values in the"
+"""Text of the compiled-mode error of :func:`check_finite` (matched by the Trainer)."""
+
+
 def check_finite(x: Tensor, who: str, what: str = "input") -> None:
-    """Raise if ``x`` holds NaN or infinite values, naming how many and where the first one is."""
+    """Raise if ``x`` holds NaN or infinite values, naming how many and where the first one is.
+
+    Under ``torch.compile`` the check stays in the graph as an asynchronous assertion (no graph
+    break): it raises a ``RuntimeError`` carrying :data:`NON_FINITE_MESSAGE`, without the count and
+    location, which eager mode gives (:class:`~flows.train.Trainer` re-runs such a step eagerly to
+    raise the full ``ValueError``).
+    """
+    if torch.compiler.is_compiling():
+        torch._assert_async(torch.isfinite(x).all(), f"{who}: {NON_FINITE_MESSAGE} {what} (under torch.compile)")
+        return
     finite = torch.isfinite(x)
     if not bool(finite.all()):
         bad = (~finite).nonzero()

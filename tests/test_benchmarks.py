@@ -31,3 +31,10 @@ def test_sharing_smoke(capsys) -> None:
 def test_sharing_glow_smoke() -> None:
     summary = _main("sharing.py")(["--family", "glow", "--epochs", "1", "--seeds", "1", "--models", "glow shared h=64"])
     assert 0 < summary["glow shared h=64"]["bpd"] < 10
+
+
+def test_step_overhead_compiled_smoke(capsys) -> None:
+    argv = ["--features", "8", "--batch", "16", "--transforms", "2", "--hidden", "8", "--repeats", "1", "--steps", "1"]
+    ratios = _main("step_overhead.py")([*argv, "--compile"])
+    assert ratios["floor (compiled) vs compiled floor"] == 1.0 and ratios["flows RealNVP (compiled)"] > 0
+    assert "against the compiled floor" in capsys.readouterr().out
