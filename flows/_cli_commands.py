@@ -118,6 +118,7 @@ def fit(args: argparse.Namespace) -> int:
         checkpoint_every=args.checkpoint_every,
         config=config,
         info={"data": spec},
+        compile=args.compile,
     )
     if args.resume:
         saved = read_checkpoint_header(checkpoint)

@@ -126,6 +126,11 @@ def _parser() -> argparse.ArgumentParser:
         "machine makes extra threads much slower; use --nproc for parallel training)",
     )
     train.add_argument("--nproc", type=int, default=1, help="processes for data-parallel training (default: 1)")
+    train.add_argument(
+        "--compile",
+        action="store_true",
+        help="run the loss under torch.compile (needs a C++ compiler; pays off for runs of minutes)",
+    )
     train.add_argument("--checkpoint-every", type=float, default=30.0, help="seconds between checkpoints (default: 30)")
     output = fit.add_argument_group("output")
     output.add_argument("--out", type=Path, help="run directory (default: runs/<data name>)")

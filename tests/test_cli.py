@@ -263,3 +263,22 @@ def test_sigkill_during_saves_never_leaves_a_broken_checkpoint(tmp_path: Path) -
         assert torch.equal(state["w"], torch.full((1_500_000,), float(state["i"])))
     leftovers = [p.name for p in path.parent.iterdir() if p.name != "c.ckpt"]
     assert all(name.startswith(".c.ckpt.") and name.endswith(".tmp") for name in leftovers)
+
+
+def test_fit_with_compile_trains_the_same_model(tmp_path: Path, capsys, monkeypatch) -> None:
+    compiled = []
+    original = torch.compile
+
+    def spy(fn, **kwargs):
+        compiled.append(kwargs)
+        return original(fn, **kwargs)
+
+    monkeypatch.setattr(torch, "compile", spy)
+    results = []
+    for extra in ([], ["--compile"]):
+        out = tmp_path / f"moons{len(extra)}"
+        assert main(["fit", "--data", "moons", "--epochs", "1", "--out", str(out), "--no-plots", *TINY, *extra]) == 0
+        results.append(json.loads((out / "run.json").read_text())["result"]["test"]["log_likelihood"])
+    capsys.readouterr()
+    assert len(compiled) == 1, "--compile did not reach torch.compile (or the plain run compiled too)"
+    assert results[1] == pytest.approx(results[0], rel=1e-4)
