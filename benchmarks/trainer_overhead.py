@@ -26,7 +26,7 @@ import time
 import torch
 
 import flows
-from flows.train import Callback, Trainer
+from flows.train import Callback, Trainer, default_optimizer
 
 
 def bare_epoch(model: torch.nn.Module, optimizer: torch.optim.Optimizer, data: torch.Tensor, batch: int, epoch: int):
@@ -44,7 +44,7 @@ class Interleave(Callback):
 
     def __init__(self, bare_model, data, batch) -> None:
         self.bare_model = bare_model
-        self.optimizer = torch.optim.Adam(bare_model.parameters(), lr=1e-3)
+        self.optimizer = default_optimizer(bare_model.parameters(), lr=1e-3)  # the Trainer's default
         self.data, self.batch = data, batch
         self.bare: list[float] = []
         self.trainer: list[float] = []
@@ -70,7 +70,7 @@ class InterleaveSteps(Callback):
 
     def __init__(self, bare_model, data, batch) -> None:
         self.bare_model = bare_model
-        self.optimizer = torch.optim.Adam(bare_model.parameters(), lr=1e-3)
+        self.optimizer = default_optimizer(bare_model.parameters(), lr=1e-3)  # the Trainer's default
         self.batches = data.split(batch)
         self.bare: list[float] = []
         self.trainer: list[float] = []

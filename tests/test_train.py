@@ -331,3 +331,18 @@ def test_bad_arguments_raise_clear_errors() -> None:
         TensorLoader(torch.zeros(4), batch_size=3, world_size=2, rank=1)
     with pytest.raises(ValueError, match="expected tensors of the same length"):
         TensorLoader(torch.zeros(4), torch.zeros(5), batch_size=2)
+
+
+def test_the_default_optimizer_is_fused_adam_where_supported() -> None:
+    from flows.train import default_optimizer
+
+    real = [nn.Parameter(torch.ones(3)), nn.Parameter(torch.ones(2, dtype=torch.float64))]
+    assert default_optimizer(real, lr=0.1).defaults["fused"] is True
+    mixed = [nn.Parameter(torch.ones(3)), nn.Parameter(torch.ones(3, dtype=torch.complex64))]
+    optimizer = default_optimizer(mixed, lr=0.1)
+    assert not optimizer.defaults["fused"]
+    for p in mixed:
+        p.grad = torch.ones_like(p)
+    optimizer.step()  # fused Adam would raise here on the complex parameter
+    assert torch.allclose(mixed[0].detach(), torch.full((3,), 0.9))
+    assert isinstance(Trainer(_model()).optimizer, torch.optim.Adam) and Trainer(_model()).optimizer.defaults["fused"]

@@ -39,7 +39,7 @@ from flows.train.history import History
 from flows.train.injective import FreeFormInjectiveObjective
 from flows.train.objectives import MaximumLikelihood, Objective, WeightedSum
 from flows.train.regression import PairRegression, pair_regression_loss
-from flows.train.trainer import Trainer
+from flows.train.trainer import Trainer, default_optimizer
 
 __all__ = [
     "AnnealTemperature",
@@ -64,6 +64,7 @@ __all__ = [
     "annealed_temperature",
     "available_models",
     "build_model",
+    "default_optimizer",
     "forward_kl_loss",
     "load_checkpoint",
     "load_model",
