@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import warnings
+
 import pytest
 import torch
 
@@ -87,3 +89,64 @@ def test_the_trainer_hands_the_objective_to_the_given_backend() -> None:
         for node in g.graph.nodes
     ), "the flow's layers are not in the compiled graph"
     torch.testing.assert_close(torch.tensor(losses), torch.tensor(_fit(False)[0]), rtol=1e-5, atol=1e-6)
+
+
+def _fit_model(make, data, compile, objective=None) -> list[float]:
+    torch.manual_seed(0)
+    losses: list[float] = []
+
+    class Record(flows.train.Callback):
+        def on_step_end(self, trainer, metrics) -> None:
+            losses.append(metrics["loss"])
+
+    trainer = Trainer(make(), objective, compile=compile, callbacks=[Record()], progress=False)
+    trainer.fit(data, epochs=1, batch_size=40)
+    return losses
+
+
+def test_a_model_the_compiler_rejects_trains_eagerly_with_a_warning() -> None:
+    def failing_backend(graph_module, example_inputs):
+        raise NotImplementedError("this backend compiles nothing")
+
+    levels = torch.randint(0, 17, (80, 4), generator=torch.Generator().manual_seed(1))
+    objective = flows.train.MaximumLikelihood(levels=17)  # draws dequantization noise before the graph
+
+    def make():
+        return flows.RealNVP(4, transforms=2, hidden=(8,))
+
+    eager = _fit_model(make, levels, False, objective)
+    with pytest.warns(flows.train.TrainingWarning, match="could not compile this model"):
+        compiled = _fit_model(make, levels, {"backend": failing_backend}, objective)
+    assert compiled == eager  # same random draws, same steps: the failed attempt left no trace
+
+
+@pytest.mark.parametrize(
+    "make",
+    [
+        lambda: flows.MAF(4, transforms=2, hidden=(8,)),
+        lambda: flows.NSF(4, transforms=2, hidden=(8,)),  # hand-written autograd: trained eagerly
+        lambda: flows.FFJORD(4, hidden=(8,)),  # adaptive solver: trained eagerly
+    ],
+    ids=["MAF", "NSF", "FFJORD"],
+)
+def test_every_kind_of_flow_trains_the_same_with_compile(make) -> None:
+    data = _data(80)
+    eager = _fit_model(make, data, False)
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore", flows.train.TrainingWarning)
+        compiled = _fit_model(make, data, True)
+    torch.testing.assert_close(torch.tensor(compiled), torch.tensor(eager), rtol=1e-4, atol=1e-5)
+
+
+def test_dequantized_integer_data_compiles() -> None:
+    levels = torch.randint(0, 17, (80, 4), generator=torch.Generator().manual_seed(1))
+    objective = flows.train.MaximumLikelihood(levels=17)
+
+    def make():
+        return flows.RealNVP(4, transforms=2, hidden=(8,))
+
+    eager = _fit_model(make, levels, False, objective)
+    with warnings.catch_warnings():
+        warnings.simplefilter("error", flows.train.TrainingWarning)  # no fallback to eager here
+        compiled = _fit_model(make, levels, True, objective)
+    torch.testing.assert_close(torch.tensor(compiled), torch.tensor(eager), rtol=1e-4, atol=1e-5)

@@ -28,6 +28,7 @@ from flows.nn import ConvNet
 __all__ = ["VariationalDequantizer", "uniform_dequantize"]
 
 
+@torch.compiler.disable  # data preparation: a range check and a draw, kept out of compiled graphs
 def uniform_dequantize(
     levels_data: Tensor, levels: int, *, generator: torch.Generator | None = None, dtype: torch.dtype | None = None
 ) -> Tensor:

@@ -12,6 +12,7 @@ import contextlib
 import math
 import os
 import time
+import warnings
 from collections.abc import Callable, Iterable, Sequence
 from pathlib import Path
 from typing import Any
@@ -28,7 +29,7 @@ from flows.flow import evaluating
 from flows.train.batching import Data, as_tensors, epoch_batches, steps_in_epoch, to_device, train_loader, val_loader
 from flows.train.callbacks import Callback, progress_bar
 from flows.train.distributed import ObjectiveModule, all_reduce_weighted_mean, get_rank, get_world_size
-from flows.train.guard import NonFiniteGuard, global_grad_norm
+from flows.train.guard import NonFiniteGuard, TrainingWarning, global_grad_norm
 from flows.train.history import History
 from flows.train.objectives import MaximumLikelihood, Objective, _as_output, batch_size_of
 from flows.train.resume import load_trainer_state, resume_trainer, save_trainer, stop_on_signals, trainer_state
@@ -315,24 +316,41 @@ class Trainer:
         dist.all_reduce(t, op=dist.ReduceOp.MAX)
         return bool(t.item())
 
-    def _run_forward(self, batch: object) -> Any:
-        """The objective on ``batch``; a compiled run's input check failure is re-raised in full, eagerly."""
+    def _run_forward(self, batch: object, aux: AuxiliaryLosses) -> Any:
+        """The objective on ``batch``, compiled if asked for.
+
+        A compiled run's input-check failure is re-raised in full by an eager run. A model that
+        ``torch.compile`` cannot handle is trained eagerly from then on, with a warning.
+        """
         if self._forward is self._eager_forward:
             return self._forward(batch)
+        rng = torch.random.get_rng_state()  # a failed compilation may have drawn numbers: redraw them alike
         try:
             return self._forward(batch)
         except RuntimeError as error:
-            if NON_FINITE_MESSAGE not in str(error):
+            if NON_FINITE_MESSAGE in str(error):
+                self._eager_forward(batch)  # raises the eager check's ValueError (count and location)
                 raise
-            self._eager_forward(batch)  # raises the eager check's ValueError (count and location)
-            raise
+            if not isinstance(error, torch._dynamo.exc.TorchDynamoException):
+                raise
+            first = (str(error).strip().splitlines() or [""])[0][:300]
+            warnings.warn(
+                f"Trainer: torch.compile could not compile this model ({type(error).__name__}: {first}); "
+                "training continues without compilation",
+                TrainingWarning,
+                stacklevel=4,
+            )
+            self._forward = self._eager_forward
+            aux.terms.clear()  # terms a partial compiled run may have added
+            torch.random.set_rng_state(rng)
+            return self._forward(batch)
 
     def _step(self, batch: object) -> dict[str, float]:
         if self.device.type != "cpu":  # CPU batches are where a CPU model needs them
             batch = to_device(batch, self.device)
         self.step += 1
         with AuxiliaryLosses() as aux:
-            loss, metrics = _as_output(self._run_forward(batch))
+            loss, metrics = _as_output(self._run_forward(batch, aux))
         total = loss
         if len(aux):
             total = loss + aux.total()
