@@ -66,7 +66,8 @@ class Trainer:
             work of coupling layers; it needs a C++ compiler, and the first steps pay for
             compilation (seconds to a minute). Random draws inside the objective (dequantization
             noise) use PyTorch's eager generator (``fallback_random``), so seeding works as usual.
-            Flows with data-dependent control flow (adaptive ODE solvers) gain nothing.
+            A model the compiler rejects (with torch 2.13: ``NSF``, ``FFJORD``) is trained eagerly
+            after a :class:`TrainingWarning`, exactly as without ``compile``.
 
     Example:
         >>> import torch
