@@ -205,3 +205,28 @@ def test_tensor_only_calls_skip_members_log_dets() -> None:
     assert Counting.fused == 0
     chain.forward_and_log_det(x)
     assert Counting.fused == 2
+
+
+@pytest.mark.parametrize("mask", [None, [True, False, True, False, False], [False, True, True, False, True]])
+def test_affine_coupling_fast_path_is_the_generic_affine_coupling(mask) -> None:
+    from flows.bijections.coupling import Coupling
+    from flows.bijections.transformers import AffineTransformer
+    from flows.testing import perturb_parameters
+
+    torch.manual_seed(0)
+    fast = perturb_parameters(flows.AffineCoupling(5, 2, mask=mask, clamp=2.0, hidden=(8,)).double(), scale=0.5)
+    generic = Coupling(5, 2, transformer=AffineTransformer(2.0), mask=mask, hidden=(8,)).double()
+    generic.load_state_dict(fast.state_dict())
+    x, c = torch.randn(7, 5, dtype=torch.float64), torch.randn(7, 2, dtype=torch.float64)
+    for direction in ("forward_and_log_det", "inverse_and_log_det"):
+        y, ladj = getattr(fast, direction)(x, c)
+        y_ref, ladj_ref = getattr(generic, direction)(x, c)
+        torch.testing.assert_close(y, y_ref, rtol=0, atol=1e-14)
+        torch.testing.assert_close(ladj, ladj_ref, rtol=0, atol=1e-13)
+        assert ladj.abs().max() > 0.1  # the scales are not at their identity
+
+
+def test_affine_coupling_names_a_conditioner_of_the_wrong_width() -> None:
+    t = flows.AffineCoupling(4, conditioner=torch.nn.Linear(2, 3))
+    with pytest.raises(ValueError, match=r"expected the conditioner to return 4 values .* got shape \(6, 3\)"):
+        t(torch.zeros(6, 4))

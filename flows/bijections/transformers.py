@@ -74,14 +74,18 @@ class AffineTransformer(Transformer):
             raise ValueError(f"AffineTransformer: expected clamp > 0 or None, got {clamp}")
         self.clamp = clamp
 
+    def log_scale(self, raw: Tensor) -> Tensor:
+        r"""The soft-clamped log-scale :math:`s = c \tanh(\hat s / c)` of raw values :math:`\hat s`."""
+        if self.clamp is None:
+            return raw
+        # c·tanh(ŝ/c) written as 2c·σ(2ŝ/c) − c: the same function (to rounding), but torch's
+        # CPU sigmoid is several times faster than its tanh, and this is on every coupling's hot path.
+        c = self.clamp
+        return torch.sigmoid(raw * (2.0 / c)) * (2.0 * c) - c
+
     def _shift_log_scale(self, params: Tensor) -> tuple[Tensor, Tensor]:
-        shift, log_scale = params.unbind(-1)
-        if self.clamp is not None:
-            # c·tanh(ŝ/c) written as 2c·σ(2ŝ/c) − c: the same function (to rounding), but torch's
-            # CPU sigmoid is several times faster than its tanh, and this is on every coupling's hot path.
-            c = self.clamp
-            log_scale = torch.sigmoid(log_scale * (2.0 / c)) * (2.0 * c) - c
-        return shift, log_scale
+        shift, raw = params.unbind(-1)
+        return shift, self.log_scale(raw)
 
     def forward_and_log_det(self, x: Tensor, params: Tensor) -> tuple[Tensor, Tensor]:
         shift, log_scale = self._shift_log_scale(params)
