@@ -11,7 +11,8 @@ training step of each runs in turn (interleaved, one thread), so machine load hi
 Contenders: zuko's ``CNF`` with its defaults (ELU, time features ``cos/sin(πkt)``, k = 1..3, exact
 trace; ``zuko-hutchinson``: ``exact=False``); flows' ``FFJORD`` with its default field (tanh, k = 1)
 and exact (``flows``) or Hutchinson (``flows-hutchinson``, exact at evaluation) traces, with RNODE
-(``flows+rnode<w>``), and with zuko's field design (``flows-zuko-field``: ELU, k = 1..3), which
+(``flows+rnode<w>``: both terms at weight w; ``flows+kinetic<w>`` and ``flows+jacobian<w>``: one
+term), and with zuko's field design (``flows-zuko-field``: ELU, k = 1..3), which
 isolates the implementation from the choice of field. Reported per contender: test NLL (nats, eval
 mode, each model's own solver, exact trace for every contender) at equal epochs; its error against
 a reference solve of the same field (rtol = atol = 1e-8, float64, exact trace; zuko's fields are
@@ -177,6 +178,16 @@ def make_contenders(names: list[str], features: int, rnode: list[float], seed: i
         ),
     }
     for weight in rnode:  # one contender per RNODE weight
+        makers[f"flows+kinetic{weight:g}"] = lambda w=weight: Contender(
+            f"flows FFJORD (exact) + kinetic {w:g}",
+            flows.FFJORD(features, hidden=HIDDEN, trace="exact", kinetic=w, jacobian=0.0),
+            "flows",
+        )
+        makers[f"flows+jacobian{weight:g}"] = lambda w=weight: Contender(
+            f"flows FFJORD (exact) + Jacobian {w:g}",
+            flows.FFJORD(features, hidden=HIDDEN, trace="exact", kinetic=0.0, jacobian=w),
+            "flows",
+        )
         makers[f"flows+rnode{weight:g}"] = lambda w=weight: Contender(
             f"flows FFJORD (exact) + RNODE {w:g}",
             flows.FFJORD(features, hidden=HIDDEN, trace="exact", kinetic=w, jacobian=w),
