@@ -142,6 +142,7 @@ def fit(args: argparse.Namespace) -> int:
         seed=args.seed,
     )
     if is_distributed():
+        trainer.release_distributed()  # the DDP wrapper must go before the process group does
         cleanup_distributed()
     if trainer.interrupted is not None:
         if main_process:

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import faulthandler
 import time
 from pathlib import Path
 
@@ -33,6 +34,9 @@ def _fit(model: flows.Flow, train: torch.Tensor, val: torch.Tensor):
 
 
 def _worker(rank: int, store: str, out: str) -> None:
+    # Where each process is after 60 s (a hang): the test prints these files if it times out.
+    stacks = open(f"{out}.stacks{rank}.txt", "w")
+    faulthandler.dump_traceback_later(60, file=stacks)
     torch.set_num_threads(1)
     dist.init_process_group("gloo", init_method=f"file://{store}", rank=rank, world_size=2)
     finished = False
@@ -52,6 +56,8 @@ def _worker(rank: int, store: str, out: str) -> None:
                 out,
             )
         finished = True
+        trainer.release_distributed()  # its DDP wrapper must go before the process group does
+        assert trainer.world_size == 1 and "DistributedDataParallel" not in repr(trainer._forward)
     finally:
         cleanup_distributed(barrier=finished)
 
@@ -70,7 +76,8 @@ def test_two_processes_match_one(tmp_path: Path) -> None:
         if time.monotonic() > deadline:
             for process in context.processes:
                 process.kill()
-            pytest.fail("the two training processes did not finish within 240 s")
+            stacks = "\n".join(p.read_text() for p in sorted(tmp_path.glob("ddp.pt.stacks*.txt")))
+            pytest.fail(f"the two training processes did not finish within 240 s; their stacks:\n{stacks}")
     result = torch.load(out, weights_only=True)
 
     model, train, val = _setup()

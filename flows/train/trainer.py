@@ -309,6 +309,18 @@ class Trainer:
             cb.on_fit_end(self)
         return self.history
 
+    def release_distributed(self) -> None:
+        """Drop the ``DistributedDataParallel`` wrapper of a multi-process run (a no-op otherwise).
+
+        Call it before leaving the process group (:func:`~flows.train.distributed.cleanup_distributed`):
+        a wrapper that is destroyed after its process group can hang its process on exit. The
+        trainer keeps its model, history and state; a later :meth:`fit` trains without the group.
+        """
+        if self.world_size == 1:
+            return
+        self._forward = self._eager_forward = lambda batch: self.objective(self.model, batch)
+        self.world_size = 1  # the rank stays: only rank 0 writes files
+
     def _agree(self, flag: bool) -> bool:
         """``flag`` on any process means stop on every process."""
         if self.world_size == 1:
