@@ -96,6 +96,10 @@ def test_pullback_gradient_matches_autograd_through_the_energy() -> None:
     energy_ag, grad_ag = latent.energy_and_grad(z, create_graph=True)  # plain autograd path
     torch.testing.assert_close(energy, energy_ag.detach())
     torch.testing.assert_close(grad, grad_ag.detach())
+    log_prob, grad_lp = latent.log_prob_and_grad(z)  # the path MALA and HMC take
+    torch.testing.assert_close(log_prob, -energy_ag.detach())
+    torch.testing.assert_close(grad_lp, -grad_ag.detach())
+    assert not log_prob.requires_grad and not grad_lp.requires_grad
 
 
 def test_neutra_chain_latent_is_standard_normal_with_perfect_flow() -> None:
@@ -169,6 +173,30 @@ def test_chains_started_from_exact_samples_stay_stationary(name: str) -> None:
         torch.testing.assert_close(trace.state.grad, -target.energy_and_grad(trace.state.x)[1])
 
 
+@pytest.mark.parametrize("name", list(_kernels(correlated_gaussian())))
+def test_a_step_leaves_the_old_state_intact_and_keeps_rejected_rows(name: str) -> None:
+    torch.manual_seed(3)
+    target = correlated_gaussian()
+    kernel = _kernels(target)[name]
+    state = kernel.init(target.sample(200))
+    if isinstance(kernel, (MALA, HMC)):
+        state, _ = kernel.step(state)  # a state with a cached gradient
+    before = [t.clone() for t in (state.x, state.log_prob) + ((state.grad,) if state.grad is not None else ())]
+    new, info = kernel.step(state)
+    after = [state.x, state.log_prob] + ([state.grad] if state.grad is not None else [])
+    for old, now in zip(before, after, strict=True):
+        assert torch.equal(old, now), "a kernel wrote into the state it was given"
+    if name.startswith("GlobalLocal"):
+        return  # its report is the flow move's; local moves follow it in the same step
+    assert 0 < int(info.accepted.sum()) < 200, "both outcomes must occur for the check to bite"
+    stayed = ~info.accepted
+    assert torch.equal(new.x[stayed], state.x[stayed])
+    assert torch.equal(new.log_prob[stayed], state.log_prob[stayed])
+    assert not torch.equal(new.x[info.accepted], state.x[info.accepted])
+    if new.grad is not None and state.grad is not None:
+        assert torch.equal(new.grad[stayed], state.grad[stayed])
+
+
 class _UnadjustedLangevin(MALA):
     """MALA without its Metropolis–Hastings test (ULA): biased for any fixed step size."""
 
@@ -176,7 +204,7 @@ class _UnadjustedLangevin(MALA):
         state = self._with_grad(state)
         eps = float(self.step_size)
         y = state.x + eps * state.grad + math.sqrt(2 * eps) * torch.randn_like(state.x)
-        log_prob, grad = self._energy_and_grad(y)
+        log_prob, grad = self._log_prob_and_grad(y)
         ones = torch.ones_like(log_prob, dtype=torch.bool)
         return State(y, log_prob, grad), StepInfo(ones.to(log_prob.dtype), ones)
 

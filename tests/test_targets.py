@@ -59,6 +59,10 @@ def test_energy_shapes_dtypes_and_gradients(name: str) -> None:
         torch.testing.assert_close(u2, u)
         assert grad.shape == x.shape and torch.isfinite(grad).all()
         torch.testing.assert_close(target.log_prob(x), -u)
+        log_prob, grad_lp = target.log_prob_and_grad(x)
+        torch.testing.assert_close(log_prob, -u)
+        torch.testing.assert_close(grad_lp, -grad)
+        assert not (log_prob.requires_grad or grad_lp.requires_grad)
     # the (2, 3) layout agrees with the flat (6,) one
     x = torch.randn(2, 3, *target.event_shape, generator=_gen(1), dtype=torch.float64)
     torch.testing.assert_close(target.energy(x).reshape(6), target.energy(x.reshape(6, *target.event_shape)))
@@ -308,6 +312,24 @@ def test_lj13_reference_energy_and_virial() -> None:
     unordered = (inv6.square() - 2 * inv6).sum(-1) + 0.5 * x.square().sum(-1)
     (grad_unordered,) = torch.autograd.grad(unordered.sum(), x)
     assert (x * grad_unordered).sum(-1).mean().item() < 36.0 - 5.0
+
+
+def test_log_prob_and_grad_uses_an_analytic_energy_and_grad() -> None:
+    class Analytic(EnergyTarget):
+        calls = 0
+
+        def energy(self, x: torch.Tensor) -> torch.Tensor:
+            return 0.5 * x.square().sum(-1)
+
+        def energy_and_grad(self, x, *, create_graph=False):
+            Analytic.calls += 1
+            return self.energy(x), 3.0 * x  # deliberately not the autograd gradient
+
+    x = torch.randn(4, 2)
+    log_prob, grad = Analytic(2).log_prob_and_grad(x)
+    assert Analytic.calls == 1
+    torch.testing.assert_close(log_prob, -0.5 * x.square().sum(-1))
+    torch.testing.assert_close(grad, -3.0 * x)
 
 
 def test_tempered_energy() -> None:

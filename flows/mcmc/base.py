@@ -89,6 +89,20 @@ def _select(mask: Tensor, new: Tensor, old: Tensor) -> Tensor:
     return torch.where(mask.view(-1, *([1] * (new.dim() - 1))), new, old)
 
 
+def _keep_rejected(accepted: Tensor, new: Tensor, old: Tensor) -> Tensor:
+    """``new`` with the rows where ``accepted`` is False copied from ``old``, **in place**.
+
+    The selection of the next state for a proposal the kernel owns (``new`` must be a tensor no
+    one else holds). It reads and writes only the rejected rows (about 40 % for MALA at its
+    optimal acceptance), where :func:`_select` reads two tensors and writes a third: on CPU the
+    state's rows are cold in cache after the target's gradient, so this is the cheaper pass.
+    """
+    rejected = (~accepted).nonzero().squeeze(-1)
+    if rejected.numel():
+        new.index_copy_(0, rejected, old.index_select(0, rejected))
+    return new
+
+
 class FlowWatch:
     """A flow's submodules, listed once: a cheap fingerprint of its values and eval-mode evaluation.
 
@@ -192,16 +206,15 @@ class Kernel(nn.Module):
     def end_adaptation(self) -> None:
         """Fix the parameters tuned during warm-up (no-op for kernels without adaptation)."""
 
-    def _energy_and_grad(self, x: Tensor) -> tuple[Tensor, Tensor]:
+    def _log_prob_and_grad(self, x: Tensor) -> tuple[Tensor, Tensor]:
         """Target log-density and its gradient at ``x`` (detached)."""
-        u, g = self.target.energy_and_grad(x)
-        return -u.detach(), -g.detach()
+        return self.target.log_prob_and_grad(x)
 
     def _with_grad(self, state: State) -> State:
         r"""The state with :math:`\nabla\log\pi` filled in (one gradient evaluation if missing)."""
         if state.grad is not None:
             return state
-        log_prob, grad = self._energy_and_grad(state.x)
+        log_prob, grad = self._log_prob_and_grad(state.x)
         return State(state.x, log_prob, grad, state.cache)
 
 

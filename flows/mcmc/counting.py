@@ -66,6 +66,10 @@ class CountingTarget(EnergyTarget):
         self.grad_evals += self._count(x)
         return self.target.energy_and_grad(x, create_graph=create_graph)
 
+    def log_prob_and_grad(self, x: Tensor) -> tuple[Tensor, Tensor]:
+        self.grad_evals += self._count(x)
+        return self.target.log_prob_and_grad(x)
+
     def sample(self, sample_shape: Sequence[int] | int = (), **options: object) -> Tensor:
         return self.target.sample(sample_shape, **options)
 

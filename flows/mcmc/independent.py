@@ -71,7 +71,7 @@ class _FlowProposal(Kernel):
         if grad is not None and bool(accepted.any()):
             # Keep the gradient cache of gradient-based partners valid: evaluate it at the new rows only.
             rows = accepted.nonzero().squeeze(-1)
-            _, grad_rows = self._energy_and_grad(y[rows])
+            _, grad_rows = self._log_prob_and_grad(y[rows])
             grad = grad.index_copy(0, rows, grad_rows)
         return State(x, log_pi, grad, {self._cache_key(): (self._watch.version(), log_q)})
 

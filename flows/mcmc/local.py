@@ -8,15 +8,20 @@ import torch
 from torch import Tensor
 
 from flows.mcmc.adaptation import DualAveraging
-from flows.mcmc.base import Kernel, State, StepInfo, _select, metropolis_accept
+from flows.mcmc.base import Kernel, State, StepInfo, _keep_rejected, metropolis_accept
 from flows.targets.base import EnergyTarget
 
 __all__ = ["HMC", "MALA", "RandomWalk"]
 
 
+def _row_sum(t: Tensor) -> Tensor:
+    """Sum over each chain's event, ``(chains,)``."""
+    return t.reshape(t.shape[0], -1).sum(-1)
+
+
 def _dot(u: Tensor, v: Tensor) -> Tensor:
     """Inner product of each chain's events, ``(chains,)``."""
-    return (u * v).reshape(u.shape[0], -1).sum(-1)
+    return _row_sum(u * v)
 
 
 class _StepSizeKernel(Kernel):
@@ -104,7 +109,7 @@ class RandomWalk(_StepSizeKernel):
         with torch.no_grad():
             log_prob_y = -self.target.energy(y)
         accept_prob, accepted = metropolis_accept(log_prob_y - state.log_prob)
-        new = State(_select(accepted, y, x), torch.where(accepted, log_prob_y, state.log_prob))
+        new = State(_keep_rejected(accepted, y, x), torch.where(accepted, log_prob_y, state.log_prob))
         info = StepInfo(accept_prob, accepted)
         if adapt:
             self._adapt(info)
@@ -170,17 +175,19 @@ class MALA(_StepSizeKernel):
         x, grad = state.x, state.grad
         noise = torch.randn_like(x)
         y = torch.add(x, grad, alpha=eps).add_(noise, alpha=math.sqrt(2.0 * eps))
-        log_prob_y, grad_y = self._energy_and_grad(y)
+        log_prob_y, grad_y = self._log_prob_and_grad(y)
         # log q(x|y) - log q(y|x) with x - y - eps g(y) = -sqrt(2 eps) xi - eps s, s = g(x) + g(y):
-        # = -sqrt(eps/2) xi.s - (eps/4)|s|^2 = -sqrt(eps/2) s.(xi + sqrt(eps/8) s)   (4 passes over x)
-        s = grad + grad_y
+        # = -sqrt(eps/2) xi.s - (eps/4)|s|^2 = -sqrt(eps/2) s.(xi + sqrt(eps/8) s)   (4 passes over x,
+        # in place on the step's own temporaries)
+        s = torch.add(grad, grad_y)
         c = math.sqrt(0.5 * eps)
-        log_ratio = (log_prob_y - state.log_prob) - c * _dot(s, torch.add(noise, s, alpha=0.5 * c))
+        log_ratio = (log_prob_y - state.log_prob).sub_(_row_sum(s.mul_(noise.add_(s, alpha=0.5 * c))), alpha=c)
         accept_prob, accepted = metropolis_accept(log_ratio)
+        # y and grad_y belong to this step: rejected chains' rows are copied back into them
         new = State(
-            _select(accepted, y, x),
+            _keep_rejected(accepted, y, x),
             torch.where(accepted, log_prob_y, state.log_prob),
-            _select(accepted, grad_y, grad),
+            _keep_rejected(accepted, grad_y, grad),
         )
         info = StepInfo(accept_prob, accepted)
         if adapt:
@@ -256,14 +263,14 @@ class HMC(_StepSizeKernel):
         y = state.x
         for i in range(self.n_leapfrog):
             y = torch.add(y, p, alpha=eps)
-            log_prob_y, grad_y = self._energy_and_grad(y)
+            log_prob_y, grad_y = self._log_prob_and_grad(y)
             p = p.add_(grad_y, alpha=eps if i < self.n_leapfrog - 1 else 0.5 * eps)
         log_ratio = (log_prob_y - state.log_prob) - 0.5 * (_dot(p, p) - _dot(momentum0, momentum0))
         accept_prob, accepted = metropolis_accept(log_ratio)
         new = State(
-            _select(accepted, y, state.x),
+            _keep_rejected(accepted, y, state.x),
             torch.where(accepted, log_prob_y, state.log_prob),
-            _select(accepted, grad_y, state.grad),
+            _keep_rejected(accepted, grad_y, state.grad),
         )
         info = StepInfo(accept_prob, accepted)
         if adapt:

@@ -87,6 +87,14 @@ class PullbackTarget(EnergyTarget):
             (grad,) = torch.autograd.grad((x * grad_x).sum() - ladj.sum(), z)
         return u - ladj.detach(), grad
 
+    def log_prob_and_grad(self, z: Tensor) -> tuple[Tensor, Tensor]:
+        with torch.enable_grad():
+            z = z.detach().requires_grad_(True)
+            x, ladj = self.to_data(z)
+            log_prob, grad_x = self.target.log_prob_and_grad(x.detach())
+            (grad,) = torch.autograd.grad((x * grad_x).sum() + ladj.sum(), z)
+        return log_prob + ladj.detach(), grad
+
     def sample(self, sample_shape: Sequence[int] | int = (), **options: object) -> Tensor:
         with torch.no_grad(), self.watch.evaluating():
             return self.flow.transform(self.target.sample(sample_shape, **options))

@@ -27,6 +27,8 @@ class EnergyTarget(nn.Module):
     * ``log_prob(x)``: the unnormalised log-density :math:`-u(x)` (minus ``log_Z`` when
       ``normalized=True`` and it is known);
     * ``energy_and_grad(x)``: :math:`u(x)` and :math:`\nabla u(x)` by autograd;
+    * ``log_prob_and_grad(x)``: :math:`\log\pi = -u(x)` and :math:`\nabla\log\pi(x)`, the pair
+      gradient-based samplers cache;
     * ``log_Z``: :math:`\log Z = \log \int e^{-u}` or ``None`` when unknown;
     * ``sample(n, generator=None)``: exact samples, or :class:`NotImplementedError`.
 
@@ -77,6 +79,23 @@ class EnergyTarget(nn.Module):
             u = self.energy(x)
             (grad,) = torch.autograd.grad(u.sum(), x, create_graph=create_graph)
         return (u if create_graph else u.detach()), grad
+
+    def log_prob_and_grad(self, x: Tensor) -> tuple[Tensor, Tensor]:
+        r"""Unnormalised log-density :math:`-u(x)` and its gradient :math:`\nabla_x\log\pi = -\nabla u`, detached.
+
+        By default one autograd pass through :math:`-u`: the sign is applied to the ``(batch,)``
+        energies, not to the gradient, so no pass over ``x``-sized tensors is spent on it (MALA
+        and HMC call this once per step). A subclass that overrides :meth:`energy_and_grad`
+        (an analytic gradient) is used through that override.
+        """
+        if type(self).energy_and_grad is not EnergyTarget.energy_and_grad:
+            u, grad = self.energy_and_grad(x)
+            return -u.detach(), -grad.detach()
+        with torch.enable_grad():
+            x = x.detach().requires_grad_(True)
+            log_prob = -self.energy(x)
+            (grad,) = torch.autograd.grad(log_prob.sum(), x)
+        return log_prob.detach(), grad
 
     def sample(self, sample_shape: Sequence[int] | int = (), *, generator: torch.Generator | None = None) -> Tensor:
         """Exact samples of shape ``(*sample_shape, *event_shape)`` where an exact sampler exists."""
