@@ -1,12 +1,14 @@
 """Continuous normalizing flows: flows ``FFJORD``/``CNF`` against zuko's ``CNF``, trained side by side.
 
-Problems: ``moons`` (2-D, scikit-learn's two moons, 4000 train / 2000 test points) and
+Problems: ``moons`` (2-D, scikit-learn's two moons, noise 0.05, 4000 train / 2000 test points),
+``circles`` (2-D, scikit-learn's two circles, noise 0.04, factor 0.5, the same sizes) and
 ``miniboone`` (43-D MiniBooNE-small: train on the MAF *validation* split, test on the *test* split
 of ``$FLOWS_DATA_DIR/miniboone_maf_valtest.npz``; **not comparable to published numbers**, which
 train on 9x more data for far longer).
 
-Every contender has the same field width (an MLP 64-64 on the state and time features, integrated
-over t in [0, 1] with dopri5), the same optimiser (Adam, lr 3e-3) and sees the same batches; one
+Every contender has the same field width (an MLP 64-64 on the state and time features by default,
+``--hidden``, integrated over t in [0, 1] with dopri5), the same optimiser (Adam, lr 3e-3, constant,
+or decayed to 0 over the run with ``--cosine``) and sees the same batches; one
 training step of each runs in turn (interleaved, one thread), so machine load hits all alike.
 Contenders: zuko's ``CNF`` with its defaults (ELU, time features ``cos/sin(πkt)``, k = 1..3, exact
 trace; ``zuko-hutchinson``: ``exact=False``); flows' ``FFJORD`` with its default field (tanh, k = 1)
@@ -64,10 +66,17 @@ def load_problem(name: str, seed: int = 0) -> tuple[Tensor, Tensor]:
         x = torch.tensor(x, dtype=torch.float32)
         x = (x - x.mean(0)) / x.std(0)
         return x[:4000], x[4000:]
+    if name == "circles":
+        from sklearn.datasets import make_circles
+
+        x, _ = make_circles(6000, noise=0.04, factor=0.5, random_state=seed)
+        x = torch.tensor(x, dtype=torch.float32)
+        x = (x - x.mean(0)) / x.std(0)
+        return x[:4000], x[4000:]
     if name == "miniboone":
         splits = load_miniboone()
         return splits["val"], splits["test"]
-    raise ValueError(f"expected problem 'moons' or 'miniboone', got {name!r}")
+    raise ValueError(f"expected problem 'moons', 'circles' or 'miniboone', got {name!r}")
 
 
 class Contender:
@@ -77,6 +86,7 @@ class Contender:
         self.name, self.model, self.kind = name, model, kind
         self.key = ""
         self.optimizer = torch.optim.Adam(model.parameters(), lr=LR)
+        self.scheduler: torch.optim.lr_scheduler.LRScheduler | None = None
         self.step_times: list[float] = []
         self.train_nfe: list[int] = []
         self._calls = 0
@@ -107,6 +117,8 @@ class Contender:
         self.optimizer.zero_grad(set_to_none=True)
         loss.backward()
         self.optimizer.step()
+        if self.scheduler is not None:
+            self.scheduler.step()
         self.step_times.append(time.perf_counter() - start)
         self.train_nfe.append(nfe)
         return float(nll.detach())
@@ -152,50 +164,52 @@ class Contender:
             self.model.float()
 
 
-def make_contenders(names: list[str], features: int, rnode: list[float], seed: int) -> list[Contender]:
+def make_contenders(
+    names: list[str], features: int, rnode: list[float], seed: int, hidden: tuple[int, ...] = HIDDEN
+) -> list[Contender]:
     import zuko
 
     makers: dict[str, Callable[[], Contender]] = {
-        "zuko": lambda: Contender("zuko CNF (exact, ELU)", zuko.flows.CNF(features, hidden_features=HIDDEN), "zuko"),
+        "zuko": lambda: Contender("zuko CNF (exact, ELU)", zuko.flows.CNF(features, hidden_features=hidden), "zuko"),
         "zuko-matched": lambda: Contender(
             "zuko CNF (exact, Tanh, freqs=1)",
-            zuko.flows.CNF(features, hidden_features=HIDDEN, activation=nn.Tanh, freqs=1),
+            zuko.flows.CNF(features, hidden_features=hidden, activation=nn.Tanh, freqs=1),
             "zuko",
         ),
         "zuko-hutchinson": lambda: Contender(
-            "zuko CNF (Hutchinson)", zuko.flows.CNF(features, hidden_features=HIDDEN, exact=False), "zuko"
+            "zuko CNF (Hutchinson)", zuko.flows.CNF(features, hidden_features=hidden, exact=False), "zuko"
         ),
         "flows": lambda: Contender(
-            "flows FFJORD (exact)", flows.FFJORD(features, hidden=HIDDEN, trace="exact"), "flows"
+            "flows FFJORD (exact)", flows.FFJORD(features, hidden=hidden, trace="exact"), "flows"
         ),
         "flows-zuko-field": lambda: Contender(
             "flows FFJORD (exact, zuko's field)",
-            flows.FFJORD(features, hidden=HIDDEN, trace="exact", activation=nn.ELU, freqs=3),
+            flows.FFJORD(features, hidden=hidden, trace="exact", activation=nn.ELU, freqs=3),
             "flows",
         ),
         "flows-hutchinson": lambda: Contender(
-            "flows FFJORD (Hutchinson, exact eval)", flows.FFJORD(features, hidden=HIDDEN), "flows"
+            "flows FFJORD (Hutchinson, exact eval)", flows.FFJORD(features, hidden=hidden), "flows"
         ),
     }
     for weight in rnode:  # one contender per RNODE weight
         makers[f"flows+kinetic{weight:g}"] = lambda w=weight: Contender(
             f"flows FFJORD (exact) + kinetic {w:g}",
-            flows.FFJORD(features, hidden=HIDDEN, trace="exact", kinetic=w, jacobian=0.0),
+            flows.FFJORD(features, hidden=hidden, trace="exact", kinetic=w, jacobian=0.0),
             "flows",
         )
         makers[f"flows+jacobian{weight:g}"] = lambda w=weight: Contender(
             f"flows FFJORD (exact) + Jacobian {w:g}",
-            flows.FFJORD(features, hidden=HIDDEN, trace="exact", kinetic=0.0, jacobian=w),
+            flows.FFJORD(features, hidden=hidden, trace="exact", kinetic=0.0, jacobian=w),
             "flows",
         )
         makers[f"flows+rnode{weight:g}"] = lambda w=weight: Contender(
             f"flows FFJORD (exact) + RNODE {w:g}",
-            flows.FFJORD(features, hidden=HIDDEN, trace="exact", kinetic=w, jacobian=w),
+            flows.FFJORD(features, hidden=hidden, trace="exact", kinetic=w, jacobian=w),
             "flows",
         )
         makers[f"flows-hutchinson+rnode{weight:g}"] = lambda w=weight: Contender(
             f"flows FFJORD (Hutchinson) + RNODE {w:g}",
-            flows.FFJORD(features, hidden=HIDDEN, kinetic=w, jacobian=w),
+            flows.FFJORD(features, hidden=hidden, kinetic=w, jacobian=w),
             "flows",
         )
     out = []
@@ -251,7 +265,7 @@ def trace_cost(features: int, batch: int, repeats: int) -> dict[str, float]:
 
 def main(argv: list[str] | None = None) -> dict[str, dict[str, float]]:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    parser.add_argument("--problem", choices=("moons", "miniboone", "trace"), default="moons")
+    parser.add_argument("--problem", choices=("moons", "circles", "miniboone", "trace"), default="moons")
     parser.add_argument("--epochs", type=int, default=25)
     parser.add_argument("--batch-size", type=int, default=256)
     parser.add_argument(
@@ -264,6 +278,10 @@ def main(argv: list[str] | None = None) -> dict[str, dict[str, float]]:
     )
     parser.add_argument("--repeats", type=int, default=30, help="rounds of the trace-cost measurement")
     parser.add_argument("--seed", type=int, default=0)
+    parser.add_argument(
+        "--hidden", type=int, nargs="+", default=list(HIDDEN), help="hidden widths of every contender's field"
+    )
+    parser.add_argument("--cosine", action="store_true", help="decay the learning rate to 0 over the run (cosine)")
     args = parser.parse_args(argv)
 
     torch.set_num_threads(1)
@@ -276,14 +294,19 @@ def main(argv: list[str] | None = None) -> dict[str, dict[str, float]]:
     if args.problem == "miniboone":
         hutchinson = [f"flows-hutchinson+rnode{w:g}" for w in args.rnode]
         default = ["zuko", "flows", "flows-zuko-field", "flows-hutchinson", *hutchinson]
-    contenders = make_contenders(args.contenders or default, train.shape[-1], args.rnode, args.seed)
+    hidden = tuple(args.hidden)
+    contenders = make_contenders(args.contenders or default, train.shape[-1], args.rnode, args.seed, hidden)
     print(
         f"problem {args.problem}: {len(train)} train / {len(test)} test, D={train.shape[-1]}, "
-        f"{args.epochs} epochs of batch {args.batch_size}, hidden {HIDDEN}, threads {torch.get_num_threads()}"
+        f"{args.epochs} epochs of batch {args.batch_size}{' (cosine lr)' if args.cosine else ''}, "
+        f"hidden {hidden}, threads {torch.get_num_threads()}"
     )
 
     generator = torch.Generator().manual_seed(args.seed)
     steps_per_epoch = math.ceil(len(train) / args.batch_size)
+    if args.cosine:
+        for c in contenders:
+            c.scheduler = torch.optim.lr_scheduler.CosineAnnealingLR(c.optimizer, args.epochs * steps_per_epoch)
     for epoch in range(args.epochs):
         order = torch.randperm(len(train), generator=generator)
         losses = {c.name: [] for c in contenders}

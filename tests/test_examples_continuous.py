@@ -66,6 +66,16 @@ def test_cnf_benchmark_smoke(capsys) -> None:
     assert "test NLL" in capsys.readouterr().out
 
 
+def test_cnf_benchmark_options_smoke(capsys) -> None:
+    argv = ["--problem", "circles", "--epochs", "2", "--limit", "64", "--batch-size", "32", "--reference-rows", "0"]
+    argv += ["--hidden", "8", "--cosine", "--contenders", "flows+rnode0.1", "--rnode", "0.1"]
+    results = _main(ROOT / "benchmarks" / "cnf.py")(argv)
+    (row,) = results.values()
+    assert math.isfinite(row["test_nll"]) and row["test_nfe"] > 0
+    out = capsys.readouterr().out
+    assert "problem circles" in out and "(cosine lr)" in out and "hidden (8,)" in out
+
+
 def test_cnf_trace_cost_smoke(capsys) -> None:
     results = _main(ROOT / "benchmarks" / "cnf.py")(["--problem", "trace", "--repeats", "1", "--batch-size", "4"])
     assert set(results) == {"2", "43"} and all(len(r) == 4 and min(r.values()) > 0 for r in results.values())
