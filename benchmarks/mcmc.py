@@ -235,17 +235,18 @@ def phi4(budget: int, chains: int, *, hidden: int, train_steps: int, early: floa
 def overhead(repeats: int, override: int | None = None) -> dict[str, float]:
     """MALA step time / energy_and_grad time at the same chain states (cached energy and gradient)."""
     cases = {
-        "4-mode mixture d=32, 1024 chains": (GaussianMixture.four_modes(32), 1024, 0.5),
-        "4-mode mixture d=64, 4096 chains": (GaussianMixture.four_modes(64), 4096, 0.5),
-        "phi^4 64 sites, 1024 chains": (PhiFour(64), 1024, 1e-3),
-        "funnel d=10, 4096 chains": (Funnel(10), 4096, 0.05),
-        "LJ13 (39 coordinates), 1024 chains": (LJ13(), 1024, 1e-4),
+        "4-mode mixture d=32": (GaussianMixture.four_modes(32), 1024, 0.5),
+        "4-mode mixture d=64": (GaussianMixture.four_modes(64), 4096, 0.5),
+        "phi^4 64 sites": (PhiFour(64), 1024, 1e-3),
+        "funnel d=10": (Funnel(10), 4096, 0.05),
+        "LJ13 (39 coordinates)": (LJ13(), 1024, 1e-4),
     }
     ratios = {}
     print("\nMALA step vs one target gradient on the same chain states (median of interleaved rounds)")
     print(f"{'case':36s} {'grad us':>9s} {'step us':>9s} {'step/grad':>10s} {'RNG floor':>10s} {'textbook':>9s}")
-    for name, (target, size, step) in cases.items():
+    for case, (target, size, step) in cases.items():
         chains = size if override is None else override
+        name = f"{case}, {chains} chains"
         kernel = MALA(target, step, adapt_step_size=False)
         if target.has_exact_sampler:
             start = target.sample(chains)

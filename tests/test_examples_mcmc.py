@@ -31,4 +31,5 @@ def test_mcmc_benchmark_smoke(capsys) -> None:
     assert "NeuTra-MALA (flow at 25%)" in names
     assert all(row["evals"] > 0 for row in out["funnel"] + out["phi4"])
     assert all(ratio > 0 for ratio in out["overhead"].values())
+    assert all(name.endswith(", 16 chains") for name in out["overhead"]), "rows name the chains measured"
     assert "MALA step vs one target gradient" in capsys.readouterr().out
