@@ -167,18 +167,17 @@ class Contender:
 def make_contenders(
     names: list[str], features: int, rnode: list[float], seed: int, hidden: tuple[int, ...] = HIDDEN
 ) -> list[Contender]:
-    import zuko
+    def zuko_cnf(**options) -> nn.Module:  # zuko is imported only when a zuko contender is asked for
+        import zuko
+
+        return zuko.flows.CNF(features, hidden_features=hidden, **options)
 
     makers: dict[str, Callable[[], Contender]] = {
-        "zuko": lambda: Contender("zuko CNF (exact, ELU)", zuko.flows.CNF(features, hidden_features=hidden), "zuko"),
+        "zuko": lambda: Contender("zuko CNF (exact, ELU)", zuko_cnf(), "zuko"),
         "zuko-matched": lambda: Contender(
-            "zuko CNF (exact, Tanh, freqs=1)",
-            zuko.flows.CNF(features, hidden_features=hidden, activation=nn.Tanh, freqs=1),
-            "zuko",
+            "zuko CNF (exact, Tanh, freqs=1)", zuko_cnf(activation=nn.Tanh, freqs=1), "zuko"
         ),
-        "zuko-hutchinson": lambda: Contender(
-            "zuko CNF (Hutchinson)", zuko.flows.CNF(features, hidden_features=hidden, exact=False), "zuko"
-        ),
+        "zuko-hutchinson": lambda: Contender("zuko CNF (Hutchinson)", zuko_cnf(exact=False), "zuko"),
         "flows": lambda: Contender(
             "flows FFJORD (exact)", flows.FFJORD(features, hidden=hidden, trace="exact"), "flows"
         ),
