@@ -86,7 +86,8 @@ class EnergyTarget(nn.Module):
         By default one autograd pass through :math:`-u`: the sign is applied to the ``(batch,)``
         energies, not to the gradient, so no pass over ``x``-sized tensors is spent on it (MALA
         and HMC call this once per step). A subclass that overrides :meth:`energy_and_grad`
-        (an analytic gradient) is used through that override.
+        (an analytic gradient) is used through that override. Kernels write into the returned
+        tensors, so an override of this method must return tensors it does not keep.
         """
         if type(self).energy_and_grad is not EnergyTarget.energy_and_grad:
             u, grad = self.energy_and_grad(x)
