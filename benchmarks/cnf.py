@@ -34,6 +34,8 @@ backward), and direct backpropagation through the solver.
     python benchmarks/cnf.py --problem moons --epochs 25                 # ~10 min on a loaded core
     python benchmarks/cnf.py --problem moons --epochs 60 --contenders flows flows+rnode0.01 flows+rnode0.1 \
         --rnode 0.01 0.1                                                  # RNODE: NFE against NLL
+    python benchmarks/cnf.py --problem circles --epochs 400 --contenders flows flows+rnode0.05 \
+        --rnode 0.05 --reference-rows 0                                   # RNODE near convergence (~1 h)
     python benchmarks/cnf.py --problem miniboone --epochs 6              # ~5 min (zuko's exact trace)
     python benchmarks/cnf.py --problem miniboone --epochs 20 --contenders zuko-hutchinson flows-hutchinson
     python benchmarks/cnf.py --problem trace                            # cost of one evaluation per trace route

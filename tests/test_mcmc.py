@@ -26,7 +26,7 @@ from flows.mcmc import (
     metropolis_accept,
     sample,
 )
-from flows.mcmc.base import FlowWatch, _select
+from flows.mcmc.base import FlowWatch, _keep_rejected, _select
 from flows.metrics import mode_weights
 from flows.targets import Funnel, GaussianMixture
 from flows.testing import check_bijection
@@ -195,6 +195,15 @@ def test_a_step_leaves_the_old_state_intact_and_keeps_rejected_rows(name: str) -
     assert not torch.equal(new.x[info.accepted], state.x[info.accepted])
     if new.grad is not None and state.grad is not None:
         assert torch.equal(new.grad[stayed], state.grad[stayed])
+
+
+def test_keep_rejected_selects_without_nonzero_off_cpu() -> None:
+    # nonzero would make a CUDA step wait for the device; "meta" tensors have no nonzero at all
+    accepted = torch.tensor([True, False, True])
+    new, old = torch.zeros(3, 2), torch.ones(3, 2)
+    assert torch.equal(_keep_rejected(accepted, new.clone(), old), torch.tensor([[0.0, 0], [1, 1], [0, 0]]))
+    out = _keep_rejected(accepted.to("meta"), new.to("meta"), old.to("meta"))
+    assert out.device.type == "meta" and out.shape == (3, 2)
 
 
 class _UnadjustedLangevin(MALA):

@@ -95,8 +95,11 @@ def _keep_rejected(accepted: Tensor, new: Tensor, old: Tensor) -> Tensor:
     The selection of the next state for a proposal the kernel owns (``new`` must be a tensor no
     one else holds). It reads and writes only the rejected rows (about 40 % for MALA at its
     optimal acceptance), where :func:`_select` reads two tensors and writes a third: on CPU the
-    state's rows are cold in cache after the target's gradient, so this is the cheaper pass.
+    state's rows are cold in cache after the target's gradient, so this is the cheaper pass. On
+    other devices (where ``nonzero`` would wait for the device) it is :func:`_select`.
     """
+    if new.device.type != "cpu":
+        return _select(accepted, new, old)
     rejected = (~accepted).nonzero().squeeze(-1)
     if rejected.numel():
         new.index_copy_(0, rejected, old.index_select(0, rejected))
