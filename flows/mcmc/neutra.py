@@ -29,8 +29,9 @@ class PullbackTarget(EnergyTarget):
 
     :math:`T = f^{-1}` is the flow's inverse transform. The normalising constant is unchanged
     (:math:`\log\tilde Z = \log Z`); exact latent samples are :math:`f(x)` of exact target samples.
-    :meth:`energy_and_grad` uses the target's own :meth:`~flows.targets.EnergyTarget.energy_and_grad`
-    (analytic gradients are kept) and one vector-Jacobian product through :math:`T`:
+    :meth:`log_prob_and_grad` (and :meth:`energy_and_grad`, its negation) uses the target's own
+    :meth:`~flows.targets.EnergyTarget.log_prob_and_grad` (analytic gradients are kept) and one
+    vector-Jacobian product through :math:`T`:
     :math:`\nabla_z\tilde u = J_T^\top \nabla_x u - \nabla_z \log|\det J_T|`.
     The flow is evaluated in eval mode.
 
@@ -80,12 +81,8 @@ class PullbackTarget(EnergyTarget):
     def energy_and_grad(self, z: Tensor, *, create_graph: bool = False) -> tuple[Tensor, Tensor]:
         if create_graph:
             return super().energy_and_grad(z, create_graph=True)
-        with torch.enable_grad():
-            z = z.detach().requires_grad_(True)
-            x, ladj = self.to_data(z)
-            u, grad_x = self.target.energy_and_grad(x.detach())
-            (grad,) = torch.autograd.grad((x * grad_x).sum() - ladj.sum(), z)
-        return u - ladj.detach(), grad
+        log_prob, grad = self.log_prob_and_grad(z)
+        return -log_prob, grad.neg_()
 
     def log_prob_and_grad(self, z: Tensor) -> tuple[Tensor, Tensor]:
         with torch.enable_grad():
