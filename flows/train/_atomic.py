@@ -4,23 +4,29 @@ A process killed at any moment leaves either the old file or the new one, never 
 is atomic on POSIX and Windows file systems, and the fsync before it makes sure the new bytes are
 on disk before the name points at them. The directory is fsynced after the rename (where the OS
 allows it) so that the rename itself survives a power loss.
+
+The temporary file is created with mode ``0o666`` filtered by the process umask, as ``open(path,
+"w")`` would create it (``tempfile.mkstemp`` would give ``0o600`` whatever the umask), so the file
+that replaces the target has the permissions the user expects. A process killed between creating
+and renaming the temporary file leaves it behind as ``.<name>.<random>.tmp``;
+:func:`remove_stale_temporaries` deletes those (call it only while no other process writes there).
 """
 
 from __future__ import annotations
 
 import contextlib
 import os
-import tempfile
+import secrets
 from pathlib import Path
 
-__all__ = ["atomic_write_bytes", "atomic_write_text"]
+__all__ = ["atomic_write_bytes", "atomic_write_text", "remove_stale_temporaries"]
 
 
 def atomic_write_bytes(path: str | os.PathLike, data: bytes | bytearray | memoryview) -> Path:
     """Replace ``path`` with ``data`` atomically (creating parent directories); returns the path."""
     path = Path(path)
     path.parent.mkdir(parents=True, exist_ok=True)
-    fd, tmp = tempfile.mkstemp(prefix=f".{path.name}.", suffix=".tmp", dir=path.parent)
+    fd, tmp = _create_temporary(path)
     try:
         with os.fdopen(fd, "wb") as handle:
             handle.write(data)
@@ -38,6 +44,39 @@ def atomic_write_bytes(path: str | os.PathLike, data: bytes | bytearray | memory
 def atomic_write_text(path: str | os.PathLike, text: str) -> Path:
     """Replace ``path`` with UTF-8 ``text`` atomically."""
     return atomic_write_bytes(path, text.encode("utf-8"))
+
+
+def remove_stale_temporaries(directory: str | os.PathLike, name: str | None = None) -> list[Path]:
+    """Delete the temporary files that killed atomic writes left in ``directory`` (only of ``name`` if given).
+
+    Only files named like this module's temporaries (``.<name>.<random>.tmp``) are removed.
+
+    Returns:
+        The paths removed.
+    """
+    directory = Path(directory)
+    if not directory.is_dir():
+        return []
+    pattern = f".{name}.*.tmp" if name is not None else ".*.tmp"
+    removed = []
+    for candidate in directory.glob(pattern):
+        if candidate.is_file() and not candidate.is_symlink():
+            with contextlib.suppress(FileNotFoundError):
+                candidate.unlink()
+                removed.append(candidate)
+    return removed
+
+
+def _create_temporary(path: Path) -> tuple[int, str]:
+    """Open a new, uniquely named file beside ``path`` for writing, with the mode the umask gives."""
+    flags = os.O_WRONLY | os.O_CREAT | os.O_EXCL | getattr(os, "O_BINARY", 0) | getattr(os, "O_CLOEXEC", 0)
+    for _ in range(100):
+        tmp = str(path.parent / f".{path.name}.{secrets.token_hex(6)}.tmp")
+        try:
+            return os.open(tmp, flags, 0o666), tmp  # the kernel applies the umask, as for open(path, "w")
+        except FileExistsError:  # pragma: no cover - 48 random bits
+            continue
+    raise FileExistsError(f"atomic write: could not create a temporary file beside {str(path)!r}")  # pragma: no cover
 
 
 def _fsync_directory(directory: Path) -> None:
