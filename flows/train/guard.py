@@ -1,13 +1,17 @@
 """The NaN/Inf guard: skip non-finite steps, roll back to the last good state with a lower learning rate.
 
 A flow that meets a numerically bad batch (an extreme log-scale, a spline bin collapsing) produces a
-non-finite loss or gradient. Applying that step destroys the weights and the Adam moments for good.
-The guard never lets it through, and never continues silently:
+non-finite loss or gradient; a learning rate that is far too large turns finite gradients into
+non-finite weights or Adam moments. Either destroys the model for good if it is kept. The guard
+never lets it through, and never continues silently:
 
 1. a step whose loss or gradient norm is not finite is **skipped** (no optimizer update) and
-   counted;
+   counted; a step whose update makes any parameter or optimizer state non-finite is **undone**
+   (the model and optimizer go back to the last snapshot) and counted the same way;
 2. after ``max_consecutive`` bad steps in a row the model and optimizer are **rolled back** to the
-   last snapshot taken after good steps, every learning rate is multiplied by ``lr_factor``, and a
+   last snapshot taken after good steps, and every learning rate is set to ``lr_factor`` times the
+   snapshot's (the same value at every rollback from that snapshot: the backoff does not compound
+   while nothing good happens in between; a scheduler's base learning rates follow). A
    :class:`TrainingWarning` says so (the event is also recorded in the trainer's history);
 3. after ``max_rollbacks`` rollbacks the run stops with :class:`TrainingDiverged`.
 """
@@ -23,7 +27,7 @@ import torch
 from torch import Tensor, nn
 from torch.optim import Optimizer
 
-__all__ = ["NonFiniteGuard", "TrainingDiverged", "TrainingWarning", "global_grad_norm"]
+__all__ = ["NonFiniteGuard", "TrainingDiverged", "TrainingWarning", "all_finite", "global_grad_norm", "state_tensors"]
 
 
 class TrainingWarning(UserWarning):
@@ -39,7 +43,8 @@ class NonFiniteGuard:
 
     Args:
         max_consecutive: bad steps in a row that trigger a rollback.
-        lr_factor: multiplier applied to every learning rate at each rollback (``0 < lr_factor <= 1``).
+        lr_factor: at each rollback every learning rate becomes ``lr_factor`` times the snapshot's
+            (``0 < lr_factor <= 1``).
         max_rollbacks: rollbacks allowed before :class:`TrainingDiverged` is raised.
         snapshot_every: good steps between snapshots of the model and optimizer (kept in memory).
 
@@ -73,22 +78,38 @@ class NonFiniteGuard:
         self.skipped = 0
         self.rollbacks = 0
         self._good_since_snapshot = 0
-        self._snapshot: tuple[dict, dict] | None = None
+        self._snapshot: tuple[dict, dict, list[float] | None] | None = None
 
-    def snapshot(self, model: nn.Module, optimizer: Optimizer) -> None:
-        """Remember the current model and optimizer state as the last good state."""
-        self._snapshot = (_clone(model.state_dict()), _clone(optimizer.state_dict()))
+    def snapshot(self, model: nn.Module, optimizer: Optimizer, scheduler: Any = None) -> None:
+        """Remember the current model and optimizer state (and a scheduler's base rates) as the last good state."""
+        base_lrs = list(scheduler.base_lrs) if hasattr(scheduler, "base_lrs") else None
+        self._snapshot = (_clone(model.state_dict()), _clone(optimizer.state_dict()), base_lrs)
         self._good_since_snapshot = 0
 
-    def good_step(self, model: nn.Module, optimizer: Optimizer) -> None:
+    def good_step(self, model: nn.Module, optimizer: Optimizer, scheduler: Any = None) -> None:
         """Record a successful step (takes a snapshot every ``snapshot_every`` of them)."""
         self.consecutive = 0
         self._good_since_snapshot += 1
         if self._snapshot is None or self._good_since_snapshot >= self.snapshot_every:
-            self.snapshot(model, optimizer)
+            self.snapshot(model, optimizer, scheduler)
 
-    def bad_step(self, model: nn.Module, optimizer: Optimizer, step: int, reason: str) -> str | None:
-        """Record a skipped step; roll back when there were too many in a row.
+    def restore(self, model: nn.Module, optimizer: Optimizer) -> bool:
+        """Load the last snapshot into ``model`` and ``optimizer`` (learning rates included); ``False`` without one."""
+        if self._snapshot is None:
+            return False
+        model_state, optimizer_state, _ = self._snapshot
+        model.load_state_dict(model_state)
+        optimizer.load_state_dict(_clone(optimizer_state))
+        return True
+
+    def bad_step(
+        self, model: nn.Module, optimizer: Optimizer, step: int, reason: str, scheduler: Any = None
+    ) -> str | None:
+        """Record a skipped (or undone) step; roll back when there were too many in a row.
+
+        At a rollback the model and optimizer get the snapshot's state, every learning rate
+        becomes ``lr_factor`` times the snapshot's, and a scheduler's ``base_lrs`` become
+        ``lr_factor`` times their values at the snapshot.
 
         Returns:
             A message describing the rollback when one happened, else ``None``.
@@ -101,20 +122,23 @@ class NonFiniteGuard:
         if self.consecutive < self.max_consecutive:
             return None
         if self.rollbacks >= self.max_rollbacks or self._snapshot is None:
+            lrs = ", ".join(f"{group['lr']:.3g}" for group in optimizer.param_groups)
             raise TrainingDiverged(
                 f"training diverged at step {step}: {self.consecutive} non-finite steps in a row ({reason}) "
-                f"after {self.rollbacks} rollback(s) with the learning rate lowered by {self.lr_factor} each time; "
+                f"after {self.rollbacks} rollback(s) to the last good state with the learning rate set to "
+                f"{self.lr_factor} times its value there (now {lrs}); expected finite losses, gradients and weights: "
                 "lower the learning rate, clip gradients (clip_grad_norm) or check the data"
             )
-        model_state, optimizer_state = self._snapshot
-        model.load_state_dict(model_state)
-        optimizer.load_state_dict(_clone(optimizer_state))
+        self.restore(model, optimizer)
+        base_lrs = self._snapshot[2]
         lrs = []
         for group in optimizer.param_groups:
-            group["lr"] *= self.lr_factor
+            group["lr"] *= self.lr_factor  # the snapshot's rate, just restored: the same value at every rollback
             if "initial_lr" in group:
                 group["initial_lr"] *= self.lr_factor
             lrs.append(group["lr"])
+        if base_lrs is not None and hasattr(scheduler, "base_lrs"):
+            scheduler.base_lrs = [lr * self.lr_factor for lr in base_lrs]
         self.rollbacks += 1
         self.consecutive = 0
         message = (
@@ -145,6 +169,36 @@ def _clone(state: Any) -> Any:
     if isinstance(state, (list, tuple)):
         return type(state)(_clone(v) for v in state)
     return state
+
+
+def state_tensors(model: nn.Module, optimizer: Optimizer) -> list[Tensor]:
+    """The floating-point tensors a step changes: the model's parameters and the optimizer's state (moments, ...)."""
+    tensors = [p for p in model.parameters()]
+    for state in optimizer.state.values():
+        tensors.extend(v for v in state.values() if isinstance(v, Tensor))
+    return [t for t in tensors if t.is_floating_point() or t.is_complex()]
+
+
+def all_finite(tensors: Sequence[Tensor]) -> bool:
+    """Whether every element of every tensor is finite (one pass, one device synchronisation per device).
+
+    The largest absolute value of a tensor is finite exactly when all its elements are (it cannot
+    overflow, unlike a sum or a 2-norm), and it is NaN or infinite otherwise.
+
+    Example:
+        >>> import torch
+        >>> all_finite([torch.ones(3), torch.tensor([1e38, -1e38])]), all_finite([torch.tensor([0.0, float("nan")])])
+        (True, False)
+    """
+    by_device: dict[torch.device, list[Tensor]] = {}
+    for t in tensors:
+        if t.numel():
+            by_device.setdefault(t.device, []).append(t.detach())
+    for group in by_device.values():
+        maxima = torch._foreach_norm(group, math.inf)
+        if not bool(torch.isfinite(torch.stack([m.to(torch.float64) for m in maxima])).all()):
+            return False
+    return True
 
 
 def global_grad_norm(params: Sequence[nn.Parameter], clip: float | None = None) -> float:

@@ -11,6 +11,8 @@ from collections.abc import Iterator
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
+from flows.train._atomic import remove_stale_temporaries
+from flows.train._lock import hold_run_lock
 from flows.train.checkpoint import (
     CheckpointError,
     capture_rng_state,
@@ -93,12 +95,19 @@ def save_trainer(trainer: Trainer, path: str | os.PathLike | None = None) -> Pat
 def resume_trainer(trainer: Trainer, path: str | os.PathLike | None = None) -> None:
     """Load a training checkpoint into ``trainer`` (default: its checkpoint file).
 
+    Temporary files that a killed save of this checkpoint left beside it (``.<name>.*.tmp``) are
+    removed, under the checkpoint's run lock (see :mod:`flows.train._lock`).
+
     Raises:
         CheckpointError: for a damaged file, a model (not training) checkpoint or other callbacks.
+        RunLockedError: when another live process holds the checkpoint's lock.
     """
     path = Path(path) if path is not None else trainer.checkpoint
     if path is None:
         raise ValueError("Trainer.resume: expected a path (no checkpoint file was configured)")
+    if trainer.is_main_process and path.parent.is_dir() and os.access(path.parent, os.W_OK):
+        with hold_run_lock(path):  # no live writer can be half-way through a save of this file
+            remove_stale_temporaries(path.parent, path.name)
     checkpoint = load_checkpoint(path, map_location=trainer.device)
     if checkpoint.header.get("kind") != "training":
         raise CheckpointError(f"{str(path)!r} is a {checkpoint.header.get('kind')!r} checkpoint, not a training one")

@@ -26,15 +26,26 @@ from flows._validation import NON_FINITE_MESSAGE
 from flows.auxiliary import AuxiliaryLosses
 from flows.data.loader import TensorLoader
 from flows.flow import evaluating
+from flows.train._lock import hold_run_lock
 from flows.train.batching import Data, as_tensors, epoch_batches, steps_in_epoch, to_device, train_loader, val_loader
 from flows.train.callbacks import Callback, progress_bar
 from flows.train.distributed import ObjectiveModule, all_reduce_weighted_mean, get_rank, get_world_size
-from flows.train.guard import NonFiniteGuard, TrainingWarning, global_grad_norm
+from flows.train.guard import (
+    NonFiniteGuard,
+    TrainingDiverged,
+    TrainingWarning,
+    all_finite,
+    global_grad_norm,
+    state_tensors,
+)
 from flows.train.history import History
 from flows.train.objectives import MaximumLikelihood, Objective, _as_output, batch_size_of
 from flows.train.resume import load_trainer_state, resume_trainer, save_trainer, stop_on_signals, trainer_state
 
-__all__ = ["Trainer"]
+__all__ = ["FIRST_CHECKPOINT_SECONDS", "Trainer"]
+
+FIRST_CHECKPOINT_SECONDS = 5.0
+"""Seconds of training after which a session writes its first checkpoint (if its first epoch has not ended yet)."""
 
 
 class Trainer:
@@ -233,6 +244,31 @@ class Trainer:
             raise ValueError("Trainer.fit: expected steps_per_epoch when there is no training data (train=None)")
         loader = train_loader(train, batch_size, seed, shuffle, self.rank, self.world_size)
         validation = val_loader(val, val_batch_size or max(batch_size, 1024), self.rank, self.world_size)
+        with contextlib.ExitStack() as run:
+            if self.checkpoint is not None and self.is_main_process:  # one writer per checkpoint
+                run.enter_context(hold_run_lock(self.checkpoint))
+            try:
+                self._loop(loader, validation, epochs, max_steps, time_budget, steps_per_epoch)
+            except TrainingDiverged as error:
+                kept = self.checkpoint is not None and self.checkpoint.is_file()
+                where = (
+                    f"the last good checkpoint, {str(self.checkpoint)!r}, is kept"
+                    if kept
+                    else "no checkpoint was written"
+                )
+                raise TrainingDiverged(f"{error}; {where}") from None
+        return self.history
+
+    def _loop(
+        self,
+        loader: Any,
+        validation: Any,
+        epochs: int | None,
+        max_steps: int | None,
+        time_budget: float | None,
+        steps_per_epoch: int | None,
+    ) -> None:
+        """The body of :meth:`fit`: epochs of steps, validation, checkpoints, callbacks."""
         per_epoch = steps_in_epoch(loader, steps_per_epoch)
         self.epochs_target = epochs
         self.should_stop = False
@@ -240,11 +276,12 @@ class Trainer:
         session_start = time.perf_counter()
         elapsed_before = self.elapsed
         last_save = time.perf_counter()
+        saved = False  # the first checkpoint of a session comes early (see _checkpoint_due)
         bar = progress_bar(self.progress, self.is_main_process, epochs, per_epoch, max_steps, self.step)
         if not self.model.training:  # submodules a user put in eval mode on a training model stay so
             self.model.train()
         if self.guard is not None:
-            self.guard.snapshot(self.model, self.optimizer)
+            self.guard.snapshot(self.model, self.optimizer, self.scheduler)
         for cb in self.callbacks:
             cb.on_fit_start(self)
         stop_reason = None
@@ -279,11 +316,11 @@ class Trainer:
                         finished_epoch = per_epoch is not None and self.epoch_step >= per_epoch
                         break
                     if self.checkpoint is not None and (
-                        time.perf_counter() - last_save >= self.checkpoint_every
+                        self._checkpoint_due(time.perf_counter() - last_save, saved)
                         or (self.checkpoint_every_steps and self.step % self.checkpoint_every_steps == 0)
                     ):
                         self.save()
-                        last_save = time.perf_counter()
+                        last_save, saved = time.perf_counter(), True
                 if served == 0 and self.epoch_step == 0:
                     raise ValueError(
                         "Trainer.fit: the training data yielded no batch in an epoch (fewer samples than processes, "
@@ -296,9 +333,11 @@ class Trainer:
                 self._end_epoch(validation, fraction)
                 if self.should_stop and stop_reason is None:
                     stop_reason = "callback"
-                if self.checkpoint is not None and time.perf_counter() - last_save >= self.checkpoint_every:
+                if self.checkpoint is not None and (
+                    not saved or self._checkpoint_due(time.perf_counter() - last_save, saved)
+                ):  # the first checkpoint of a session at the latest after its first epoch
                     self.save()
-                    last_save = time.perf_counter()
+                    last_save, saved = time.perf_counter(), True
         finally:
             stack.close()
             if bar is not None:
@@ -307,7 +346,15 @@ class Trainer:
             self.save()
         for cb in self.callbacks:
             cb.on_fit_end(self)
-        return self.history
+
+    def _checkpoint_due(self, since_last: float, saved: bool) -> bool:
+        """Whether ``since_last`` seconds since the last save call for a checkpoint.
+
+        The interval is ``checkpoint_every``, and for a session's first checkpoint the smaller of that
+        and :data:`FIRST_CHECKPOINT_SECONDS`, so that a run killed early keeps its first seconds.
+        """
+        interval = self.checkpoint_every if saved else min(self.checkpoint_every, FIRST_CHECKPOINT_SECONDS)
+        return since_last >= interval
 
     def release_distributed(self) -> None:
         """Drop the ``DistributedDataParallel`` wrapper of a multi-process run (a no-op otherwise).
@@ -380,24 +427,32 @@ class Trainer:
         ok = finite and math.isfinite(grad_norm)
         if self.world_size > 1:
             ok = not self._agree(not ok)
+        reason = "non-finite loss" if not finite else "non-finite gradient"
         if ok:
             self.optimizer.step()
+            # A finite gradient can still give non-finite weights or moments (lr=inf, huge steps): undo such a step.
+            ok = all_finite(state_tensors(self.model, self.optimizer))
+            if self.world_size > 1:
+                ok = not self._agree(not ok)
+            if not ok:
+                reason = "non-finite parameters or optimizer state after the update"
+                if self.guard is None:
+                    raise FloatingPointError(f"step {self.step}: {reason} (the NaN guard is off)")
+                self.guard.restore(self.model, self.optimizer)
+        if ok:
             if self.scheduler is not None and self.scheduler_interval == "step":
                 self.scheduler.step()
             if self.guard is not None:
-                self.guard.good_step(self.model, self.optimizer)
+                self.guard.good_step(self.model, self.optimizer, self.scheduler)
             self._accumulate(loss, metrics, grad_norm, batch_size_of(batch))
         else:
             self.optimizer.zero_grad(set_to_none=True)
             if self.guard is None:
                 raise FloatingPointError(f"step {self.step}: non-finite gradient norm (the NaN guard is off)")
-            reason = "non-finite loss" if not finite else "non-finite gradient"
-            message = self.guard.bad_step(self.model, self.optimizer, self.step, reason)
+            message = self.guard.bad_step(self.model, self.optimizer, self.step, reason, self.scheduler)
             self._epoch_sums["skipped"] = self._epoch_sums.get("skipped", 0.0) + 1
             if message is not None:
                 self.history.event(self.step, message)
-                if self.scheduler is not None and hasattr(self.scheduler, "base_lrs"):
-                    self.scheduler.base_lrs = [lr * self.guard.lr_factor for lr in self.scheduler.base_lrs]
         return {"loss": float(loss.detach()), "skipped": float(not ok)}
 
     def _accumulate(self, loss: Tensor, metrics: dict[str, Tensor], grad_norm: float, n: int) -> None:
