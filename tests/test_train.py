@@ -110,16 +110,16 @@ def test_early_stopping_stops_after_patience_and_restores_the_best_weights() -> 
         _model(), _ScriptedValidation([3.0, 2.0, 1.0, 1.5, 2.5, 0.1, 0.1]), lr=1e-2, callbacks=[snapshots, stopper]
     )
     history = trainer.fit(_data(100), _data(20, 1), epochs=7, batch_size=50)
-    assert history["epoch"] == [1, 2, 3, 4, 5]  # epochs 4 and 5 did not improve on epoch 3: 2 > patience 1
-    assert stopper.best_epoch == 3 and stopper.stopped_epoch == 5
+    assert history["epoch"] == [1, 2, 3, 4]  # epoch 4 did not improve on epoch 3: 1 epoch = patience 1
+    assert stopper.best_epoch == 3 and stopper.stopped_epoch == 4
     final = trainer.model.state_dict()
     for name, value in snapshots.states[3].items():
         assert torch.equal(final[name], value), name
     assert not torch.equal(
-        snapshots.states[5]["transform.transforms.1.conditioner.net.0.weight"],
+        snapshots.states[4]["transform.transforms.1.conditioner.net.0.weight"],
         final["transform.transforms.1.conditioner.net.0.weight"],
     )
-    assert any("early stopping at epoch 5" in e["message"] for e in history.events)
+    assert any("early stopping at epoch 4" in e["message"] for e in history.events)
 
 
 def test_learning_rate_schedules_per_epoch_and_per_step() -> None:

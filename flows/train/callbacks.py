@@ -50,10 +50,16 @@ class Callback:
 class EarlyStopping(Callback):
     """Stop when a monitored metric has not improved for ``patience`` epochs; restore the best weights.
 
+    With ``patience=2`` and the metric improving last at epoch 5, epochs 6 and 7 are the two
+    epochs without improvement and training stops after epoch 7. Whatever the patience (and
+    whether or not training stops early), the model ends with the weights of its best epoch when
+    ``restore_best`` is set.
+
     Args:
         monitor: metric name in the epoch record (``"val_loss"`` by default; ``"loss"`` is used
             instead when the record has no ``val_loss``, i.e. without validation data).
-        patience: epochs without improvement before stopping.
+        patience: epochs without improvement before stopping (``0``: stop at the first epoch that
+            does not improve; ``None``: never stop, only keep the best weights).
         min_delta: smallest decrease that counts as an improvement.
         mode: ``"min"`` or ``"max"``.
         restore_best: load the best weights into the model when training ends (by early stopping
@@ -69,14 +75,14 @@ class EarlyStopping(Callback):
         self,
         monitor: str = "val_loss",
         *,
-        patience: int = 10,
+        patience: int | None = 10,
         min_delta: float = 0.0,
         mode: str = "min",
         restore_best: bool = True,
     ) -> None:
         if mode not in ("min", "max"):
             raise ValueError(f"EarlyStopping: expected mode 'min' or 'max', got {mode!r}")
-        if patience < 0:
+        if patience is not None and patience < 0:
             raise ValueError(f"EarlyStopping: expected patience >= 0, got {patience}")
         self.monitor, self.patience, self.min_delta, self.mode = monitor, patience, min_delta, mode
         self.restore_best = restore_best
@@ -104,7 +110,7 @@ class EarlyStopping(Callback):
                 self.best_state = copy.deepcopy(trainer.model.state_dict())
         else:
             self.bad_epochs += 1
-            if self.bad_epochs > self.patience:
+            if self.patience is not None and self.bad_epochs >= self.patience:
                 self.stopped_epoch = record["epoch"]
                 trainer.should_stop = True
                 trainer.history.event(
