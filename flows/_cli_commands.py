@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import argparse
+import contextlib
 import json
 import math
 import os
@@ -42,7 +43,36 @@ def _pictures(model: torch.nn.Module, data, directory: Path, name: str = "sample
     return written
 
 
+# `flows fit --resume` policy: flags that change the run are refused when they differ from the run's; stopping rules
+# are applied and recorded (history event and run.json "resumes"); the other flags only change how it executes.
+RUN_FLAGS = ("lr", "batch_size", "schedule", "clip", "patience")
+STOP_FLAGS = ("epochs", "time_budget")
+
+
 def fit(args: argparse.Namespace) -> int:
+    """``flows fit``, holding the run directory's lock (one writer per run) around all of it on the main process."""
+    from flows.train._atomic import remove_stale_temporaries
+    from flows.train._lock import hold_run_lock, lock_path
+
+    out = args.out or Path("runs") / Path(str(args.data)).stem
+    distributed = "LOCAL_RANK" in os.environ and int(os.environ.get("WORLD_SIZE", "1")) > 1
+    if distributed and int(os.environ["RANK"]) != 0:
+        return _fit(args)
+    created = not out.exists()
+    try:
+        with hold_run_lock(out / "checkpoint.ckpt"):
+            remove_stale_temporaries(out)  # left by a killed run's atomic writes; no other writer can be here
+            return _fit(args)
+    except BaseException:
+        lock = lock_path(out / "checkpoint.ckpt")
+        if created and out.is_dir() and list(out.iterdir()) == [lock]:  # a command that failed early leaves no run
+            with contextlib.suppress(OSError):
+                lock.unlink()
+                out.rmdir()
+        raise
+
+
+def _fit(args: argparse.Namespace) -> int:
     from flows.data.dataset import load_dataset
     from flows.train import (
         EarlyStopping,
@@ -55,7 +85,7 @@ def fit(args: argparse.Namespace) -> int:
     )
     from flows.train.config import _architectures
     from flows.train.distributed import cleanup_distributed, init_distributed, is_distributed
-    from flows.train.runs import evaluate_log_likelihood, model_for_data, write_run_file
+    from flows.train.runs import evaluate_log_likelihood, model_for_data, read_run_file, write_run_file
 
     if args.threads < 1 or args.nproc < 1:
         raise ValueError(f"expected --threads >= 1 and --nproc >= 1, got {args.threads} and {args.nproc}")
@@ -105,8 +135,8 @@ def fit(args: argparse.Namespace) -> int:
     callbacks = (
         [MetricsLogger(out), PrintMetrics(every=max(1, args.epochs // 10))] if not args.quiet else [MetricsLogger(out)]
     )
-    if args.patience:
-        callbacks.insert(0, EarlyStopping(patience=args.patience))
+    # --patience 0 never stops early, but the model saved is still the best epoch's
+    callbacks.insert(0, EarlyStopping(patience=args.patience or None))
     trainer = Trainer(
         model,
         MaximumLikelihood(levels=data.levels),
@@ -117,9 +147,10 @@ def fit(args: argparse.Namespace) -> int:
         checkpoint=checkpoint,
         checkpoint_every=args.checkpoint_every,
         config=config,
-        info={"data": spec},
+        info={"data": spec, "fit": {k: getattr(args, k) for k in RUN_FLAGS + STOP_FLAGS}},
         compile=args.compile,
     )
+    resumes = []
     if args.resume:
         saved = read_checkpoint_header(checkpoint)
         for what, now, before in (("model", config, saved.get("config")), ("data", spec, saved["info"].get("data"))):
@@ -128,11 +159,30 @@ def fit(args: argparse.Namespace) -> int:
                     f"--resume: the {what} settings differ from the run in {str(out)!r}: it has {before}, "
                     f"this command asks for {now}; repeat the original command (see run.json) with --resume"
                 )
+        before = saved["info"].get("fit") or read_run_file(out).get("fit", {})
+        changed = {k: (before[k], getattr(args, k)) for k in RUN_FLAGS + STOP_FLAGS if k in before}
+        changed = {k: v for k, v in changed.items() if v[0] != v[1]}
+        refused = [
+            f"--{k.replace('_', '-')} {new} (the run has {old})" for k, (old, new) in changed.items() if k in RUN_FLAGS
+        ]
+        if refused:
+            raise ValueError(
+                f"--resume: expected the settings of the run in {str(out)!r}, got {', '.join(refused)}; repeat the "
+                "original command (see run.json) with --resume (only --epochs and --time-budget may change), "
+                "or start afresh with --overwrite"
+            )
         trainer.resume()
-        say(f"resumed {str(out)!r} at epoch {trainer.epoch} (step {trainer.step})")
+        record = {"step": trainer.step, "epoch": trainer.epoch, "changed": {k: list(v) for k, v in changed.items()}}
+        resumes = [*read_run_file(out).get("resumes", []), record]
+        note = ", ".join(f"--{k.replace('_', '-')} {new} (was {old})" for k, (old, new) in changed.items())
+        trainer.history.event(trainer.step, f"resumed at epoch {trainer.epoch}" + (f" with {note}" if note else ""))
+        say(f"resumed {str(out)!r} at epoch {trainer.epoch} (step {trainer.step})" + (f" with {note}" if note else ""))
     if main_process:
         out.mkdir(parents=True, exist_ok=True)
-        write_run_file(out, {"data": spec, "config": config, "fit": _plain(vars(args))})
+        run_file = {"data": spec, "config": config, "fit": _plain(vars(args))}
+        if resumes:
+            run_file["resumes"] = resumes
+        write_run_file(out, run_file)
     trainer.fit(
         data.train,
         data.val,
@@ -162,7 +212,10 @@ def fit(args: argparse.Namespace) -> int:
         result["test"] = evaluate_log_likelihood(
             model.cpu(), data.test, levels=data.levels, draws=10 if data.levels else 1
         )
-    write_run_file(out, {"data": spec, "config": config, "fit": _plain(vars(args)), "result": result})
+    run_file = {"data": spec, "config": config, "fit": _plain(vars(args)), "result": result}
+    if resumes:
+        run_file["resumes"] = resumes
+    write_run_file(out, run_file)
     written = [model_path, checkpoint, out / "metrics.json", out / "metrics.csv"]
     if not args.no_plots:
         from flows.plot import plot_history
@@ -181,6 +234,13 @@ def fit(args: argparse.Namespace) -> int:
         print(line)
     files = ", ".join(str(p) for p in written)
     say(f"trained {epochs:g} epochs ({trainer.step} steps) in {trainer.elapsed:.1f} s; wrote {files}")
+    if "test" in result and not math.isfinite(result["test"]["log_likelihood"]):
+        print(
+            f"flows fit: error: expected a finite test log-likelihood, got {result['test']['log_likelihood']}: the "
+            "model gives some test points no density (a non-finite log_prob); see run.json",
+            file=sys.stderr,
+        )
+        return 1
     return 0
 
 

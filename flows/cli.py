@@ -113,7 +113,11 @@ def _parser() -> argparse.ArgumentParser:
         "--clip", type=float, default=0.0, help="clip the global gradient norm to this value, 0 for none (default: 0)"
     )
     train.add_argument(
-        "--patience", type=int, default=10, help="early-stopping patience in epochs, 0 for none (default: 10)"
+        "--patience",
+        type=int,
+        default=10,
+        help="stop after this many epochs without a better validation loss, 0 to never stop early; either way the "
+        "saved model has the best epoch's weights (default: 10)",
     )
     train.add_argument(
         "--seed", type=int, default=0, help="seed of the model, the shuffling and the splits (default: 0)"
@@ -134,7 +138,13 @@ def _parser() -> argparse.ArgumentParser:
     train.add_argument("--checkpoint-every", type=float, default=30.0, help="seconds between checkpoints (default: 30)")
     output = fit.add_argument_group("output")
     output.add_argument("--out", type=Path, help="run directory (default: runs/<data name>)")
-    output.add_argument("--resume", action="store_true", help="continue the run in --out from its checkpoint")
+    output.add_argument(
+        "--resume",
+        action="store_true",
+        help="continue the run in --out from its checkpoint; the command must repeat the run's data, model, "
+        "--lr, --batch-size, --schedule, --clip and --patience (a difference is refused and listed), while "
+        "--epochs and --time-budget may change and the change is recorded in run.json and the history",
+    )
     output.add_argument("--overwrite", action="store_true", help="start afresh even if --out holds a run")
     output.add_argument("--no-plots", action="store_true", help="do not write pictures")
     output.add_argument("--quiet", action="store_true", help="print only the final result")
