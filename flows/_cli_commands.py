@@ -89,6 +89,8 @@ def _fit(args: argparse.Namespace) -> int:
 
     if args.threads < 1 or args.nproc < 1:
         raise ValueError(f"expected --threads >= 1 and --nproc >= 1, got {args.threads} and {args.nproc}")
+    if not (math.isfinite(args.lr) and args.lr > 0):
+        raise ValueError(f"expected a finite --lr > 0, got {args.lr}")
     torch.set_num_threads(args.threads)
     distributed = "LOCAL_RANK" in os.environ and int(os.environ.get("WORLD_SIZE", "1")) > 1
     device = init_distributed(seed=args.seed) if distributed else torch.device("cpu")
@@ -147,7 +149,7 @@ def _fit(args: argparse.Namespace) -> int:
         checkpoint=checkpoint,
         checkpoint_every=args.checkpoint_every,
         config=config,
-        info={"data": spec, "fit": {k: getattr(args, k) for k in RUN_FLAGS + STOP_FLAGS}},
+        info={"data": spec, "fit": {k: _json_number(getattr(args, k)) for k in RUN_FLAGS + STOP_FLAGS}},
         compile=args.compile,
     )
     resumes = []
@@ -160,7 +162,7 @@ def _fit(args: argparse.Namespace) -> int:
                     f"this command asks for {now}; repeat the original command (see run.json) with --resume"
                 )
         before = saved["info"].get("fit") or read_run_file(out).get("fit", {})
-        changed = {k: (before[k], getattr(args, k)) for k in RUN_FLAGS + STOP_FLAGS if k in before}
+        changed = {k: (before[k], _json_number(getattr(args, k))) for k in RUN_FLAGS + STOP_FLAGS if k in before}
         changed = {k: v for k, v in changed.items() if v[0] != v[1]}
         refused = [
             f"--{k.replace('_', '-')} {new} (the run has {old})" for k, (old, new) in changed.items() if k in RUN_FLAGS
@@ -242,6 +244,11 @@ def _fit(args: argparse.Namespace) -> int:
         )
         return 1
     return 0
+
+
+def _json_number(value: object) -> object:
+    """``value``, with a non-finite float as its string (``"inf"``), which JSON headers cannot hold."""
+    return str(value) if isinstance(value, float) and not math.isfinite(value) else value
 
 
 def _plain(values: dict) -> dict:

@@ -110,6 +110,21 @@ def test_a_step_that_leaves_non_finite_optimizer_state_is_undone() -> None:
         Trainer(_model(), optimizer=poisoning, guard=False).fit(_data(100), epochs=1, batch_size=25)
 
 
+def test_cli_divergence_exits_1_with_one_line_and_keeps_the_last_good_checkpoint(tmp_path: Path, capsys) -> None:
+    out = tmp_path / "moons"
+    argv = ["fit", "--data", "moons", "--epochs", "20", "--out", str(out), *TINY]
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore", TrainingWarning)
+        assert main([*argv, "--lr", "1e30"]) == 1  # finite, but every step ends non-finite
+    err = capsys.readouterr().err.strip()
+    assert err.startswith("flows fit: error: training diverged at step") and "\n" not in err
+    assert err.endswith(f"the last good checkpoint, {str(out / 'checkpoint.ckpt')!r}, is kept")
+    state = load_checkpoint(out / "checkpoint.ckpt").state
+    assert all(bool(v.isfinite().all()) for v in state["model"].values()) and not (out / "model.ckpt").exists()
+    assert main([*argv, "--lr", "inf", "--overwrite"]) == 2
+    assert "expected a finite --lr > 0, got inf" in capsys.readouterr().err
+
+
 # -- 2. the lr backoff does not compound, and resume restores it -----------------------------------------------------
 class _NaNSteps(Objective):
     def __init__(self, steps: set[int]) -> None:
