@@ -15,6 +15,7 @@
 * :mod:`flows.train.distributed`: ``torch.distributed`` helpers.
 """
 
+from flows.train._lock import RunLockedError
 from flows.train.callbacks import Callback, EarlyStopping, MetricsLogger, PrintMetrics
 from flows.train.checkpoint import (
     Checkpoint,
@@ -57,6 +58,7 @@ __all__ = [
     "PairRegression",
     "PrintMetrics",
     "ReverseKL",
+    "RunLockedError",
     "Trainer",
     "TrainingDiverged",
     "TrainingWarning",
