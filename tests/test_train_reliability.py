@@ -103,9 +103,11 @@ def test_a_step_that_leaves_non_finite_optimizer_state_is_undone() -> None:
     def poisoning(params):
         return _Poisoning(params, lr=1e-2, momentum=0.9)
 
-    trainer = Trainer(_model(), optimizer=poisoning)
-    history = trainer.fit(_data(100), epochs=1, batch_size=25)
+    trainer = Trainer(_model(), optimizer=poisoning, guard=NonFiniteGuard(snapshot_every=100))
+    with pytest.warns(TrainingWarning, match="step 2: the update made .* undoing the 1 good step"):
+        history = trainer.fit(_data(100), epochs=1, batch_size=25)
     assert history["skipped"] == [1.0] and trainer.guard.skipped == 1 and _finite(trainer)
+    assert [e["step"] for e in history.events] == [2]  # the snapshot was the start: step 1 was undone, and said so
     with pytest.raises(FloatingPointError, match="step 2: non-finite parameters or optimizer state"):
         Trainer(_model(), optimizer=poisoning, guard=False).fit(_data(100), epochs=1, batch_size=25)
 

@@ -100,7 +100,28 @@ class NonFiniteGuard:
         model_state, optimizer_state, _ = self._snapshot
         model.load_state_dict(model_state)
         optimizer.load_state_dict(_clone(optimizer_state))
+        self._good_since_snapshot = 0
         return True
+
+    def undo(self, model: nn.Module, optimizer: Optimizer, step: int) -> str | None:
+        """Undo an update that left non-finite weights or optimizer state: go back to the last snapshot.
+
+        The snapshot may be older than the step before (it is taken every ``snapshot_every`` good
+        steps); when good steps are undone with it, a :class:`TrainingWarning` says how many.
+
+        Returns:
+            The warning's message when good steps were undone, else ``None``.
+        """
+        lost = self._good_since_snapshot
+        self.restore(model, optimizer)
+        if not lost:
+            return None
+        message = (
+            f"step {step}: the update made weights or optimizer state non-finite; went back to the last good "
+            f"snapshot, undoing the {lost} good step(s) since it"
+        )
+        warnings.warn(message, TrainingWarning, stacklevel=3)
+        return message
 
     def bad_step(
         self, model: nn.Module, optimizer: Optimizer, step: int, reason: str, scheduler: Any = None

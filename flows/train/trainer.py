@@ -438,7 +438,9 @@ class Trainer:
                 reason = "non-finite parameters or optimizer state after the update"
                 if self.guard is None:
                     raise FloatingPointError(f"step {self.step}: {reason} (the NaN guard is off)")
-                self.guard.restore(self.model, self.optimizer)
+                undone = self.guard.undo(self.model, self.optimizer, self.step)
+                if undone is not None:
+                    self.history.event(self.step, undone)
         if ok:
             if self.scheduler is not None and self.scheduler_interval == "step":
                 self.scheduler.step()
