@@ -127,6 +127,17 @@ def test_cli_divergence_exits_1_with_one_line_and_keeps_the_last_good_checkpoint
     assert "expected a finite --lr > 0, got inf" in capsys.readouterr().err
 
 
+def test_cli_a_non_finite_test_log_likelihood_is_an_error_not_a_result(tmp_path: Path, capsys, monkeypatch) -> None:
+    import flows.train.runs as runs
+
+    def nan_result(model, x, **kwargs):
+        return {"log_likelihood": math.nan, "stderr": math.nan, "n": len(x)}
+
+    monkeypatch.setattr(runs, "evaluate_log_likelihood", nan_result)
+    assert main(["fit", "--data", "iris", "--epochs", "1", "--out", str(tmp_path / "r"), *TINY]) == 1
+    assert "expected a finite test log-likelihood, got nan" in capsys.readouterr().err
+
+
 # -- 2. the lr backoff does not compound, and resume restores it -----------------------------------------------------
 class _NaNSteps(Objective):
     def __init__(self, steps: set[int]) -> None:
