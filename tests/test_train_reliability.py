@@ -206,6 +206,13 @@ def test_early_stopping_counts_patience_exactly_and_always_ends_with_the_best_we
                            snapshots.states[epochs[-1]]["transform.transforms.1.conditioner.net.0.weight"])  # fmt: skip
 
 
+def test_early_stopping_says_so_when_no_epoch_had_a_finite_metric() -> None:
+    trainer = Trainer(_model(), _Scripted([math.nan, math.nan]), callbacks=[EarlyStopping(patience=None)])
+    with pytest.warns(TrainingWarning, match="expected a finite val_loss in some epoch, got none in 2"):
+        history = trainer.fit(_data(100), _data(20, 1), epochs=2, batch_size=50)
+    assert "the model keeps its last weights" in history.events[-1]["message"]
+
+
 def test_cli_patience_zero_saves_the_best_epoch_weights(tmp_path: Path) -> None:
     out = tmp_path / "iris"
     assert main(["fit", "--data", "iris", "--epochs", "3", "--patience", "0", "--out", str(out), *TINY]) == 0

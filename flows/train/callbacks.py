@@ -12,8 +12,11 @@ import copy
 import math
 import os
 import sys
+import warnings
 from pathlib import Path
 from typing import TYPE_CHECKING, Any, TextIO
+
+from flows.train.guard import TrainingWarning
 
 if TYPE_CHECKING:  # pragma: no cover
     from flows.train.trainer import Trainer
@@ -37,7 +40,7 @@ class Callback:
         """After validation, with the epoch's record (already appended to ``trainer.history``)."""
 
     def on_fit_end(self, trainer: Trainer) -> None:
-        """After the last epoch, before the final checkpoint is written."""
+        """After the last epoch and the final checkpoint (which holds the training state, not the best weights)."""
 
     def state_dict(self) -> dict[str, Any]:
         """State to save in checkpoints (tensors, numbers, strings, lists and dicts only)."""
@@ -120,6 +123,13 @@ class EarlyStopping(Callback):
                 )
 
     def on_fit_end(self, trainer: Trainer) -> None:
+        if self.restore_best and self.best_state is None and self.bad_epochs:
+            message = (
+                f"EarlyStopping: expected a finite {self.monitor} in some epoch, got none in {self.bad_epochs}; "
+                "the model keeps its last weights"
+            )
+            warnings.warn(message, TrainingWarning, stacklevel=2)
+            trainer.history.event(trainer.step, message)
         if self.restore_best and self.best_state is not None:
             trainer.model.load_state_dict(self.best_state)
             last = trainer.history.last().get("epoch")
