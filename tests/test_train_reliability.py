@@ -138,6 +138,17 @@ def test_cli_a_non_finite_test_log_likelihood_is_an_error_not_a_result(tmp_path:
     assert "expected a finite test log-likelihood, got nan" in capsys.readouterr().err
 
 
+def test_huge_finite_gradients_are_clipped_not_mistaken_for_non_finite_ones() -> None:
+    class Huge(Objective):
+        def __call__(self, model, batch):
+            return MaximumLikelihood()(model, batch) + sum(p.sum() for p in model.parameters()) * 1e20
+
+    trainer = Trainer(_model(), Huge(), lr=1e-3, clip_grad_norm=1.0)
+    history = trainer.fit(_data(100), epochs=1, batch_size=50)
+    assert "skipped" not in history.records[0] and trainer.guard.skipped == 0 and _finite(trainer)
+    assert 1e20 < history["grad_norm"][0] < 1e23  # a float32 norm overflows to inf here
+
+
 # -- 2. the lr backoff does not compound, and resume restores it -----------------------------------------------------
 class _NaNSteps(Objective):
     def __init__(self, steps: set[int]) -> None:

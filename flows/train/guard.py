@@ -227,7 +227,10 @@ def all_finite(tensors: Sequence[Tensor]) -> bool:
 
 
 def global_grad_norm(params: Sequence[nn.Parameter], clip: float | None = None) -> float:
-    """Global gradient norm (non-finite if any gradient is), clipping the gradients to ``clip`` if given.
+    """Global gradient norm (non-finite exactly when a gradient is), clipping the gradients to ``clip`` if given.
+
+    Finite float32 gradients above about ``1e19`` overflow a float32 norm; their norm is then
+    computed in float64, so such a step is clipped (or taken) rather than skipped as non-finite.
 
     One ``cat`` and one norm: for the many small tensors of a flow this is several times faster
     on CPU than ``torch._foreach_norm``, which ``clip_grad_norm_`` uses.
@@ -242,7 +245,10 @@ def global_grad_norm(params: Sequence[nn.Parameter], clip: float | None = None) 
     grads = [p.grad for p in params if p.grad is not None]
     if not grads:
         return 0.0
-    norm = float(torch.linalg.vector_norm(torch.cat([g.reshape(-1) for g in grads])))
+    flat = torch.cat([g.reshape(-1) for g in grads])
+    norm = float(torch.linalg.vector_norm(flat))
+    if math.isinf(norm) and bool(flat.isfinite().all()):  # finite gradients whose squares overflow: not a bad step
+        norm = float(torch.linalg.vector_norm(flat, dtype=torch.float64))
     if clip is not None and math.isfinite(norm) and norm > clip:
         torch._foreach_mul_(grads, clip / (norm + 1e-6))
     return norm
