@@ -40,15 +40,68 @@ def _tensor_slots(t: tdt.Transform, path: str = "t", seen: set[int] | None = Non
     return slots
 
 
+class _Inverted(tdt.Transform):
+    """``inner.inv`` that survives ``copy.deepcopy`` (torch's ``_InverseTransform`` loses its transform there)."""
+
+    def __init__(self, inner: tdt.Transform) -> None:
+        super().__init__(cache_size=0)
+        self.inner = inner
+
+    @property
+    def domain(self):
+        return self.inner.codomain
+
+    @property
+    def codomain(self):
+        return self.inner.domain
+
+    @property
+    def bijective(self) -> bool:
+        return self.inner.bijective
+
+    @property
+    def sign(self) -> int:
+        return self.inner.sign
+
+    def _call(self, x: Tensor) -> Tensor:
+        return self.inner.inv(x)
+
+    def _inverse(self, y: Tensor) -> Tensor:
+        return self.inner(y)
+
+    def log_abs_det_jacobian(self, x: Tensor, y: Tensor) -> Tensor:
+        return -self.inner.log_abs_det_jacobian(y, x)
+
+    def forward_shape(self, shape):
+        return self.inner.inverse_shape(shape)
+
+    def inverse_shape(self, shape):
+        return self.inner.forward_shape(shape)
+
+    def __repr__(self) -> str:
+        return f"{self.inner}.inv"
+
+
+def _copyable(t: tdt.Transform) -> tdt.Transform:
+    """``t`` with every torch ``_InverseTransform`` replaced by :class:`_Inverted`, caching off."""
+    if isinstance(t, tdt._InverseTransform):
+        return _Inverted(_copyable(t.inv))
+    if isinstance(t, tdt.ComposeTransform):
+        return tdt.ComposeTransform([_copyable(p) for p in t.parts])
+    if isinstance(t, tdt.IndependentTransform):
+        return tdt.IndependentTransform(_copyable(t.base_transform), t.reinterpreted_batch_ndims)
+    return t.with_cache(0)
+
+
 class TorchTransform(Bijection):
     r"""A bijective ``torch.distributions`` transform, with its log-determinant summed over the event.
 
     * forward: :math:`z = t(x)`, :math:`\log|\det J| = \sum_{\text{event}} t.\text{log\_abs\_det\_jacobian}(x, z)`;
     * inverse: :math:`x = t^{-1}(z)`, the negative of the forward log-determinant at :math:`x`.
 
-    The wrapper takes the transform over (with caching off; torch transforms cannot be deep-copied
-    without losing their inverses): its tensor attributes are replaced by the wrapper's buffers,
-    which hold the same values. It must be bijective and keep the event shape
+    The wrapper takes the transform over (caching off; inverses ``t.inv`` rebuilt so that the
+    module survives ``copy.deepcopy``): the tensor attributes of its leaf transforms are replaced
+    by the wrapper's buffers, which hold the same values. It must be bijective and keep the event shape
     (``forward_shape(event) == event``).
 
     Args:
@@ -90,7 +143,7 @@ class TorchTransform(Bijection):
                 f"TorchTransform: expected a transform that keeps the event shape {shape}, "
                 f"got one that maps it to {tuple(transform.forward_shape(shape))}"
             )
-        self.transform = transform.with_cache(0)
+        self.transform = _copyable(transform)
         self._slots = _tensor_slots(self.transform)
         for owner, key, name in self._slots:
             self.register_buffer(name, getattr(owner, key).detach().clone())
