@@ -143,3 +143,19 @@ def test_refuses_models_a_config_cannot_describe(tmp_path: Path) -> None:
 def test_missing_file_is_a_clear_error(tmp_path: Path) -> None:
     with pytest.raises(FileNotFoundError, match="no model file at"):
         load_model(tmp_path / "nothing")
+
+
+@pytest.mark.parametrize("marker", ["distributions-idiom", "load-model"])
+def test_readme_examples_run(marker: str, tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    readme = (Path(__file__).resolve().parents[1] / "README.md").read_text()
+    block = readme.split(f"<!-- {marker} -->\n```python\n", 1)[1].split("```", 1)[0]
+    monkeypatch.chdir(tmp_path)
+    namespace: dict = {}
+    exec(compile(block, f"README.md:{marker}", "exec"), namespace)
+    if marker == "load-model":
+        assert type(namespace["model"]) is NSF and (tmp_path / "models" / "nsf.json").is_file()
+    else:
+        assert namespace["log_p"].shape == (10, 4) and namespace["kl"].shape == (4,)
+        assert namespace["samples"].shape == (5, 2) and bool(
+            ((namespace["samples"] > 0) & (namespace["samples"] < 1)).all()
+        )
