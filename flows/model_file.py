@@ -165,6 +165,9 @@ def save_model(model: nn.Module, path: str | os.PathLike) -> Path:
     """
     from flows.flow import Flow
 
+    model = getattr(model, "_orig_mod", model)  # torch.compile's wrapper
+    if isinstance(model, nn.parallel.DistributedDataParallel):
+        model = model.module
     name = type(model).__name__
     if not isinstance(model, Flow) or not hasattr(model, "_arguments"):
         raise ModelFileError(f"save_model: expected a flow made by a builder (NSF, RealNVP, ...), got {name}")
