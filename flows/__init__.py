@@ -44,11 +44,13 @@ from flows.bijections import (
     Split,
     Squeeze,
     Standardize,
+    TorchTransform,
     Transformer,
 )
 from flows.dependent import DependentFlow, MatrixNormal
-from flows.distributions import DiagNormal, Distribution, StandardNormal
-from flows.flow import Flow, evaluating
+from flows.distributions import DiagNormal, Distribution, StandardNormal, TorchDistribution
+from flows.flow import Flow, FlowDistribution, evaluating, monte_carlo_kl
+from flows.model_file import load_model, save_model
 from flows.nn import MADE, MLP, ConvNet, PooledMLP, TimeMLP
 from flows.testing import BijectionCheckError, check_bijection
 
@@ -87,6 +89,7 @@ __all__ = [
     "EntropyPermutation",
     "Flatten",
     "Flow",
+    "FlowDistribution",
     "FreeFormInjective",
     "FreeFormInjectiveFlow",
     "Glow",
@@ -113,9 +116,14 @@ __all__ = [
     "StandardNormal",
     "Standardize",
     "TimeMLP",
+    "TorchDistribution",
+    "TorchTransform",
     "Transformer",
     "__version__",
     "add_auxiliary_loss",
     "check_bijection",
     "evaluating",
+    "load_model",
+    "monte_carlo_kl",
+    "save_model",
 ]

@@ -208,6 +208,7 @@ def _fit(args: argparse.Namespace) -> int:
         return 0
     model = trainer.model
     model_path = save_model(model, out / "model.ckpt", config, info={"data": spec})
+    model_file = _write_model_file(model, out)
     epochs = trainer.history.last().get("epoch", trainer.epoch)
     result = {"epochs": epochs, "steps": trainer.step, "train_seconds": round(trainer.elapsed, 2)}
     if data.test is not None:
@@ -236,6 +237,8 @@ def _fit(args: argparse.Namespace) -> int:
         print(line)
     files = ", ".join(str(p) for p in written)
     say(f"trained {epochs:g} epochs ({trainer.step} steps) in {trainer.elapsed:.1f} s; wrote {files}")
+    if model_file is not None:
+        say(f"model file: {model_file} + {model_file.with_suffix('.json').name} (flows.load_model({str(out)!r}))")
     if "test" in result and not math.isfinite(result["test"]["log_likelihood"]):
         print(
             f"flows fit: error: expected a finite test log-likelihood, got {result['test']['log_likelihood']}: the "
@@ -249,6 +252,17 @@ def _fit(args: argparse.Namespace) -> int:
 def _json_number(value: object) -> object:
     """``value``, with a non-finite float as its string (``"inf"``), which JSON headers cannot hold."""
     return str(value) if isinstance(value, float) and not math.isfinite(value) else value
+
+
+def _write_model_file(model: torch.nn.Module, out: Path) -> Path | None:
+    """Write ``model.safetensors`` and ``model.json`` in ``out`` (None, with a note, if no config fits)."""
+    from flows.model_file import ModelFileError, save_model
+
+    try:
+        return save_model(model, out)
+    except ModelFileError as error:
+        print(f"flows fit: no model.safetensors written: {error}", file=sys.stderr)
+        return None
 
 
 def _plain(values: dict) -> dict:

@@ -5,21 +5,30 @@ The transform maps data to latent (the forward direction), so
 .. math:: \log p(x \mid c) = \log p_Z(f(x; c) \mid c) + \log|\det J_f(x; c)|,
 
 and sampling draws :math:`z \sim p_Z` then returns :math:`x = f^{-1}(z; c)`.
+
+A :class:`Flow` is an ``nn.Module`` (it owns parameters, moves with ``.to()``, trains under DDP
+through ``forward``); :meth:`Flow.distribution` (or ``flow(context)`` for a conditional flow, the
+zuko idiom) returns a :class:`FlowDistribution`, a genuine :class:`torch.distributions.Distribution`
+over ``x`` for given contexts, for use wherever PyTorch expects one (``Independent``,
+``MixtureSameFamily``, ``kl_divergence`` through :func:`monte_carlo_kl`). See ``docs/ecosystem.md``.
 """
 
 from __future__ import annotations
 
 import contextlib
 from collections.abc import Iterator, Sequence
+from typing import Any, ClassVar
 
 import torch
+import torch.distributions as td
 from torch import Tensor, nn
 
 from flows._validation import check_context, check_event, check_finite, check_like, format_shape, shapes_match
-from flows.bijections.base import Bijection
-from flows.distributions import Distribution
+from flows.bijections.base import Bijection, Chain
+from flows.bijections.standardize import Standardize
+from flows.distributions import Distribution, TorchDistribution
 
-__all__ = ["Flow", "evaluating"]
+__all__ = ["Flow", "FlowDistribution", "evaluating", "monte_carlo_kl"]
 
 
 @contextlib.contextmanager
@@ -47,17 +56,33 @@ def evaluating(module: nn.Module) -> Iterator[nn.Module]:
             m.training = mode
 
 
+def _as_size(sample_shape: Sequence[int] | int) -> torch.Size:
+    return torch.Size((sample_shape,) if isinstance(sample_shape, int) else sample_shape)
+
+
 class Flow(nn.Module):
     r"""A normalizing flow: a :class:`~flows.bijections.base.Bijection` and a base distribution.
 
     Args:
         transform: maps data ``(*batch, *event_shape)`` to latent.
-        base: distribution of the latent; its event shape must be the transform's output shape.
+        base: distribution of the latent; its event shape must be the transform's output shape. A
+            :class:`torch.distributions.Distribution` (for instance ``Independent(StudentT(...), 1)``)
+            is accepted and wrapped in :class:`~flows.distributions.TorchDistribution`.
         context: width of the context the flow expects (0 = unconditional; ``None`` = not checked).
         check_finite: raise on NaN/Inf inputs to :meth:`log_prob` (one reduction per call).
+        standardize: data ``(N, *event_shape)`` to fit a :class:`~flows.bijections.Standardize`
+            layer on, or a fitted layer; it becomes the first (data-side) layer of the transform,
+            so :math:`\log p(x) = \log p_{\text{rest}}((x-\mu)/\sigma) - \sum_i \log\sigma_i`: densities
+            stay in data units and the statistics are saved with the model (buffers).
 
     Raises:
         ValueError: if the base's event shape differs from the transform's output shape.
+
+    Calling a flow (``forward``):
+
+    * ``flow(x)`` / ``flow(x, context)``: :meth:`log_prob` (what trainers and DDP call);
+    * ``flow()`` (unconditional) or ``flow(context)`` (conditional: one tensor is the context,
+      as in zuko): :meth:`distribution`, a :class:`FlowDistribution`.
 
     Example:
         >>> import torch
@@ -66,23 +91,39 @@ class Flow(nn.Module):
         >>> x, log_p = flow.sample_and_log_prob((5,))
         >>> torch.allclose(log_p, flow.log_prob(x))
         True
+        >>> flow().log_prob(x).shape  # a torch.distributions.Distribution
+        torch.Size([5])
     """
 
     #: Whether maximizing ``log_prob`` on data is the right way to train this model (``flows fit``
     #: trains by maximum likelihood and refuses models that set this to ``False``).
     likelihood_trainable: bool = True
 
+    def __new__(cls, *args: Any, **kwargs: Any) -> Flow:
+        # Record the constructor's actual arguments (before __init__ can change anything) so that
+        # flows.save_model writes the config of the model that exists, not one a caller remembers.
+        self = super().__new__(cls)
+        object.__setattr__(self, "_arguments", (args, dict(kwargs)))
+        return self
+
     def __init__(
         self,
         transform: Bijection,
-        base: Distribution,
+        base: Distribution | td.Distribution,
         *,
         context: int | None = None,
         check_finite: bool = True,
+        standardize: Tensor | Standardize | None = None,
     ) -> None:
         super().__init__()
+        if isinstance(base, td.Distribution):
+            base = TorchDistribution(base)
         if not isinstance(transform, Bijection):
             raise TypeError(f"Flow: expected a Bijection as transform, got {type(transform).__name__}")
+        if not isinstance(base, Distribution):
+            raise TypeError(
+                f"Flow: expected a flows or torch.distributions Distribution as base, got {type(base).__name__}"
+            )
         if not shapes_match(transform.event_shape_out, base.event_shape):
             raise ValueError(
                 f"Flow: the transform outputs events of shape {format_shape(transform.event_shape_out)} "
@@ -92,8 +133,66 @@ class Flow(nn.Module):
         self.base = base
         self.context_features = context
         self.check_finite = check_finite
+        #: Layers put in front of the builder's transform (data side first), each as
+        #: ``{"layer": name, "options": {...}}`` so that a model file can rebuild them.
+        self.preprocessing: list[dict[str, Any]] = []
         # Carries the flow's dtype and device for input checks; holds no information.
         self.register_buffer("_anchor", torch.zeros(()), persistent=False)
+        if standardize is not None:
+            self.prepend(self._standardize_layer(standardize))
+            _, kwargs = self._arguments
+            if "standardize" in kwargs:  # keep no reference to the data; the statistics are buffers
+                kwargs["standardize"] = None
+
+    def _standardize_layer(self, standardize: Tensor | Standardize) -> Standardize:
+        name = type(self).__name__
+        if isinstance(standardize, Standardize):
+            layer = standardize
+        elif isinstance(standardize, Tensor):
+            layer = Standardize.fit(standardize)
+        else:
+            raise TypeError(
+                f"{name}: expected standardize to be data (N, *event_shape) or a Standardize layer, "
+                f"got {type(standardize).__name__}"
+            )
+        if not shapes_match(tuple(layer.event_shape), self.transform.event_shape):
+            raise ValueError(
+                f"{name}: expected standardize data or layer with event shape "
+                f"{format_shape(self.transform.event_shape)}, got {format_shape(layer.event_shape)}"
+            )
+        return layer.to(self._anchor.dtype)
+
+    def prepend(self, *layers: Bijection, options: Sequence[dict[str, Any]] | None = None) -> Flow:
+        """Put ``layers`` in front of the transform (data side), keeping this model's class and methods.
+
+        The transform becomes ``Chain(*layers, *earlier_preprocessing, core)``, where ``core`` is the
+        builder's own transform (see :attr:`core`). Each layer is recorded in :attr:`preprocessing`
+        as ``{"layer": class name, "options": options}`` so that :func:`flows.load_model` rebuilds it
+        as ``Layer(event_shape, **options)`` (buffers such as a standardisation's statistics come
+        back from the weights).
+
+        Args:
+            *layers: transforms from the data side; the last one's output must fit the current transform.
+            options: per layer, the keyword options that rebuild it (default ``{}`` each).
+
+        Returns:
+            this flow.
+        """
+        if not layers:
+            return self
+        options = [{} for _ in layers] if options is None else [dict(o) for o in options]
+        if len(options) != len(layers):
+            raise ValueError(f"Flow.prepend: expected one options dict per layer ({len(layers)}), got {len(options)}")
+        existing = list(self.transform) if self.preprocessing else [self.transform]
+        self.transform = Chain(*layers, *existing)
+        records = [{"layer": type(t).__name__, "options": o} for t, o in zip(layers, options, strict=True)]
+        self.preprocessing = records + self.preprocessing
+        return self
+
+    @property
+    def core(self) -> Bijection:
+        """The builder's own transform, without the :attr:`preprocessing` layers in front of it."""
+        return self.transform[-1] if self.preprocessing else self.transform
 
     @property
     def event_shape(self) -> tuple[int | None, ...]:
@@ -130,7 +229,7 @@ class Flow(nn.Module):
     def rsample(self, sample_shape: Sequence[int] | int = (), context: Tensor | None = None) -> Tensor:
         """Differentiable samples of shape ``(*sample_shape, *context_batch, *event_shape)``."""
         self._check_context(context)
-        shape = torch.Size((sample_shape,) if isinstance(sample_shape, int) else sample_shape)
+        shape = _as_size(sample_shape)
         z = self.base.rsample(shape, context)
         return self.transform.inverse(z, self._latent_context(shape, context))
 
@@ -148,11 +247,176 @@ class Flow(nn.Module):
         on the returned samples.
         """
         self._check_context(context)
-        shape = torch.Size((sample_shape,) if isinstance(sample_shape, int) else sample_shape)
+        shape = _as_size(sample_shape)
         z, log_pz = self.base.rsample_and_log_prob(shape, context)
         x, ladj = self.transform.inverse_and_log_det(z, self._latent_context(shape, context))
         return x, log_pz - ladj
 
-    def forward(self, x: Tensor, context: Tensor | None = None) -> Tensor:
-        """Same as :meth:`log_prob`."""
+    def distribution(self, context: Tensor | None = None) -> FlowDistribution:
+        """This flow as a :class:`torch.distributions.Distribution` over ``x`` given ``context``.
+
+        Args:
+            context: ``(*batch, context_features)`` for a conditional flow (the distribution's
+                ``batch_shape`` is ``batch``), ``None`` for an unconditional one (``batch_shape = ()``).
+
+        Returns:
+            a :class:`FlowDistribution` sharing this flow's parameters (gradients reach them).
+        """
+        return FlowDistribution(self, context)
+
+    def forward(self, x: Tensor | None = None, context: Tensor | None = None) -> Tensor | FlowDistribution:
+        """``flow(x[, context])`` is :meth:`log_prob`; ``flow()`` or ``flow(context)`` is :meth:`distribution`.
+
+        A conditional flow (``context_features > 0``) called with a single tensor takes it as the
+        context (the zuko idiom ``flow(c).sample()``): ``log_prob`` of a conditional flow always
+        needs a context, so the call is unambiguous. Trainers and DDP call ``flow(x, context)``.
+        """
+        if x is None:
+            return self.distribution(context)
+        if context is None and self.context_features:
+            return self.distribution(x)
         return self.log_prob(x, context)
+
+
+class FlowDistribution(td.Distribution):
+    r"""A :class:`Flow` at given contexts, as a :class:`torch.distributions.Distribution` over ``x``.
+
+    ``batch_shape`` is the context's batch shape (``()`` for an unconditional flow) and
+    ``event_shape`` the flow's. :meth:`log_prob` broadcasts ``x`` of shape
+    ``(*sample, *batch', *event)`` against ``batch_shape`` (so ``MixtureSameFamily`` and
+    ``Independent`` work); :meth:`rsample` returns ``(*sample_shape, *batch_shape, *event_shape)``
+    and is differentiable with respect to the flow's parameters. :meth:`expand` broadcasts the
+    context (or, unconditionally, just the batch shape). Means, variances and entropies have no
+    closed form and raise :class:`NotImplementedError`; ``torch.distributions.kl_divergence``
+    raises with a pointer to :func:`monte_carlo_kl`.
+
+    Why a separate object rather than making :class:`Flow` a ``Distribution``: a ``Distribution``
+    is a value for fixed parameters and a fixed batch of contexts, while a ``Flow`` is a module
+    that owns parameters, moves between devices and is called by trainers and DDP. The module
+    hands out distribution objects, as zuko's ``LazyDistribution`` does.
+
+    Args:
+        flow: the flow.
+        context: ``(*batch, context_features)`` or ``None``.
+
+    Example:
+        >>> import torch
+        >>> from flows import MAF
+        >>> flow = MAF(2, context=3, transforms=1, hidden=(8,))
+        >>> d = flow(torch.randn(4, 3))  # the zuko idiom
+        >>> d.batch_shape, d.event_shape, d.sample((5,)).shape
+        (torch.Size([4]), torch.Size([2]), torch.Size([5, 4, 2]))
+        >>> mix = torch.distributions.MixtureSameFamily(torch.distributions.Categorical(torch.ones(4)), d)
+        >>> mix.log_prob(torch.randn(6, 2)).shape
+        torch.Size([6])
+    """
+
+    arg_constraints: ClassVar[dict] = {}
+    has_rsample = True
+
+    def __init__(self, flow: Flow, context: Tensor | None = None, *, batch_shape: Sequence[int] | None = None) -> None:
+        if not isinstance(flow, Flow):
+            raise TypeError(f"FlowDistribution: expected a Flow, got {type(flow).__name__}")
+        flow._check_context(context)
+        event = tuple(flow.event_shape)
+        if any(s is None for s in event):
+            raise ValueError(f"FlowDistribution: expected a flow with a fixed event shape, got {format_shape(event)}")
+        if context is not None:
+            default = context.shape[:-1]
+            if batch_shape is not None and torch.Size(batch_shape) != default:
+                context = context.expand(*batch_shape, context.shape[-1])
+            batch = context.shape[:-1]
+        else:
+            batch = torch.Size(() if batch_shape is None else batch_shape)
+        self.flow, self.context = flow, context
+        super().__init__(batch, torch.Size(event), validate_args=False)
+
+    @property
+    def support(self) -> td.constraints.Constraint:
+        return td.constraints.independent(td.constraints.real, len(self.event_shape))
+
+    def expand(self, batch_shape: Sequence[int], _instance: Any = None) -> FlowDistribution:
+        batch = torch.Size(batch_shape)
+        try:
+            torch.broadcast_shapes(batch, self.batch_shape)
+        except RuntimeError as error:
+            raise ValueError(
+                f"FlowDistribution.expand: expected a batch shape that {tuple(self.batch_shape)} broadcasts to, "
+                f"got {tuple(batch)}"
+            ) from error
+        if self.context is None:
+            return FlowDistribution(self.flow, None, batch_shape=batch)
+        return FlowDistribution(self.flow, self.context.expand(*batch, self.context.shape[-1]))
+
+    def rsample(self, sample_shape: Sequence[int] | int = ()) -> Tensor:
+        shape = _as_size(sample_shape)
+        if self.context is None:
+            return self.flow.rsample(shape + self.batch_shape)
+        return self.flow.rsample(shape, self.context)
+
+    def sample(self, sample_shape: Sequence[int] | int = ()) -> Tensor:
+        with torch.no_grad():
+            return self.rsample(sample_shape)
+
+    def rsample_and_log_prob(self, sample_shape: Sequence[int] | int = ()) -> tuple[Tensor, Tensor]:
+        """Samples and their log-density in one pass (the flow's fused inverse)."""
+        shape = _as_size(sample_shape)
+        if self.context is None:
+            return self.flow.sample_and_log_prob(shape + self.batch_shape)
+        return self.flow.sample_and_log_prob(shape, self.context)
+
+    def log_prob(self, value: Tensor) -> Tensor:
+        n = len(self.event_shape)
+        check_event(value, self.event_shape, "FlowDistribution", "value")
+        batch = torch.broadcast_shapes(value.shape[: value.dim() - n], self.batch_shape)
+        value = value.expand(*batch, *self.event_shape)
+        context = None if self.context is None else self.context.expand(*batch, self.context.shape[-1])
+        return self.flow.log_prob(value, context)
+
+    def __repr__(self) -> str:
+        return (
+            f"FlowDistribution({type(self.flow).__name__}, batch_shape={tuple(self.batch_shape)}, "
+            f"event_shape={tuple(self.event_shape)})"
+        )
+
+
+def monte_carlo_kl(p: td.Distribution, q: td.Distribution, samples: int = 1000) -> Tensor:
+    r"""Monte-Carlo estimate of :math:`\mathrm{KL}(p \,\|\, q) = E_p[\log p(x) - \log q(x)]`, shape ``batch``.
+
+    Uses ``samples`` reparameterised draws from ``p`` when it has ``rsample`` (so the estimate is
+    differentiable, e.g. for variational inference), plain draws otherwise. Unbiased; its standard
+    error is ``std / sqrt(samples)`` of the per-draw differences.
+
+    Args:
+        p: distribution to draw from (e.g. ``flow(context)``).
+        q: any distribution with ``log_prob`` on ``p``'s samples.
+        samples: number of draws.
+
+    Example:
+        >>> import torch
+        >>> from torch.distributions import Independent, Normal
+        >>> from flows import Affine, Flow, StandardNormal
+        >>> p = Flow(Affine(2), StandardNormal(2))()
+        >>> q = Independent(Normal(torch.ones(2), 1.0), 1)
+        >>> abs(monte_carlo_kl(p, q, 20000).item() - 1.0) < 0.05  # exact: |mu|^2 / 2 = 1
+        True
+    """
+    if not isinstance(samples, int) or samples < 1:
+        raise ValueError(f"monte_carlo_kl: expected samples to be a positive int, got {samples!r}")
+    if isinstance(p, FlowDistribution):
+        x, log_p = p.rsample_and_log_prob((samples,))
+    else:
+        x = p.rsample((samples,)) if p.has_rsample else p.sample((samples,))
+        log_p = p.log_prob(x)
+    return (log_p - q.log_prob(x)).mean(0)
+
+
+def _no_closed_form_kl(p: td.Distribution, q: td.Distribution) -> Tensor:
+    raise NotImplementedError(
+        f"kl_divergence: expected a pair with a closed-form KL, got {type(p).__name__} and {type(q).__name__}; "
+        "a flow's KL has none: estimate it with flows.monte_carlo_kl(p, q, samples)"
+    )
+
+
+for _pair in ((FlowDistribution, td.Distribution), (td.Distribution, FlowDistribution), (FlowDistribution,) * 2):
+    td.register_kl(*_pair)(_no_closed_form_kl)

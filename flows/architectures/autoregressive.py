@@ -11,7 +11,7 @@ from __future__ import annotations
 from collections.abc import Callable, Sequence
 
 import torch
-from torch import nn
+from torch import Tensor, nn
 
 from flows.bijections.autoregressive import MaskedAutoregressive
 from flows.bijections.base import Bijection, Chain, Inverse
@@ -19,6 +19,7 @@ from flows.bijections.coupling import Coupling, alternating_mask
 from flows.bijections.linear import LULinear
 from flows.bijections.normalization import BatchNorm
 from flows.bijections.splines import RationalQuadraticSpline
+from flows.bijections.standardize import Standardize
 from flows.bijections.transformers import AffineTransformer, Transformer
 from flows.distributions import StandardNormal
 from flows.flow import Flow
@@ -94,6 +95,9 @@ class MAF(Flow):
         dropout: dropout on the MADEs' hidden units in train mode (see :class:`~flows.nn.MADE`).
         activation: nonlinearity of the MADEs.
         generator: random generator for ``randperm``.
+        standardize: data ``(N, D)`` to fit a :class:`~flows.bijections.Standardize` layer on (or a
+            fitted layer), put in front of the flow so that raw data is modelled in data units (see
+            :class:`~flows.flow.Flow`).
 
     Example:
         >>> import torch
@@ -117,6 +121,7 @@ class MAF(Flow):
         dropout: float = 0.0,
         activation: Callable[[], nn.Module] = nn.ReLU,
         generator: torch.Generator | None = None,
+        standardize: Tensor | Standardize | None = None,
     ) -> None:
         _check("MAF", features, transforms)
         layers = _autoregressive_layers(
@@ -136,7 +141,7 @@ class MAF(Flow):
             chain.append(layer)
             if batch_norm and i < len(layers) - 1:
                 chain.append(BatchNorm(features))
-        super().__init__(Chain(*chain), StandardNormal(features), context=context)
+        super().__init__(Chain(*chain), StandardNormal(features), context=context, standardize=standardize)
 
 
 class IAF(Flow):
@@ -163,6 +168,9 @@ class IAF(Flow):
         clamp: bound on the absolute log-scale (``None`` for none).
         activation: nonlinearity of the MADEs.
         generator: random generator for ``randperm``.
+        standardize: data ``(N, D)`` to fit a :class:`~flows.bijections.Standardize` layer on (or a
+            fitted layer), put in front of the flow so that raw data is modelled in data units (see
+            :class:`~flows.flow.Flow`).
 
     Example:
         >>> import torch
@@ -184,6 +192,7 @@ class IAF(Flow):
         clamp: float | None = 3.0,
         activation: Callable[[], nn.Module] = nn.ReLU,
         generator: torch.Generator | None = None,
+        standardize: Tensor | Standardize | None = None,
     ) -> None:
         _check("IAF", features, transforms)
         layers = _autoregressive_layers(
@@ -197,7 +206,12 @@ class IAF(Flow):
             activation=activation,
             generator=generator,
         )
-        super().__init__(Chain(*[Inverse(layer) for layer in layers]), StandardNormal(features), context=context)
+        super().__init__(
+            Chain(*[Inverse(layer) for layer in layers]),
+            StandardNormal(features),
+            context=context,
+            standardize=standardize,
+        )
 
 
 class NSF(Flow):
@@ -237,6 +251,9 @@ class NSF(Flow):
             :class:`~flows.nn.MADE`).
         activation: nonlinearity of the conditioners.
         generator: random generator for ``randperm``.
+        standardize: data ``(N, D)`` to fit a :class:`~flows.bijections.Standardize` layer on (or a
+            fitted layer), put in front of the flow so that raw data is modelled in data units (see
+            :class:`~flows.flow.Flow`).
 
     Example:
         >>> import torch
@@ -262,6 +279,7 @@ class NSF(Flow):
         dropout: float = 0.0,
         activation: Callable[[], nn.Module] = nn.ReLU,
         generator: torch.Generator | None = None,
+        standardize: Tensor | Standardize | None = None,
     ) -> None:
         _check("NSF", features, transforms, minimum=2 if coupling else 1)
         if coupling and (dropout or residual or randperm):
@@ -301,4 +319,4 @@ class NSF(Flow):
             )
         if lu:
             layers = [m for layer in layers for m in (LULinear(features), layer)]
-        super().__init__(Chain(*layers), StandardNormal(features), context=context)
+        super().__init__(Chain(*layers), StandardNormal(features), context=context, standardize=standardize)

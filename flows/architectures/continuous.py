@@ -4,10 +4,11 @@ from __future__ import annotations
 
 from collections.abc import Sequence
 
-from torch import nn
+from torch import Tensor, nn
 
 from flows.bijections.base import Chain
 from flows.bijections.continuous import CNF, total_nfe
+from flows.bijections.standardize import Standardize
 from flows.distributions import StandardNormal
 from flows.flow import Flow
 
@@ -51,6 +52,9 @@ class FFJORD(Flow):
         adjoint: backpropagate with the adjoint method.
         kinetic: RNODE kinetic-energy weight.
         jacobian: RNODE Jacobian-Frobenius weight.
+        standardize: data ``(N, D)`` to fit a :class:`~flows.bijections.Standardize` layer on (or a
+            fitted layer), put in front of the flow so that raw data is modelled in data units (see
+            :class:`~flows.flow.Flow`).
 
     Example:
         >>> import torch
@@ -79,6 +83,7 @@ class FFJORD(Flow):
         adjoint: bool = False,
         kinetic: float = 0.0,
         jacobian: float = 0.0,
+        standardize: Tensor | Standardize | None = None,
     ) -> None:
         if not isinstance(features, int) or features < 1:
             raise ValueError(f"FFJORD: expected features to be a positive int, got {features!r}")
@@ -105,7 +110,7 @@ class FFJORD(Flow):
             )
             for _ in range(transforms)
         ]
-        super().__init__(Chain(*blocks), StandardNormal(features), context=context)
+        super().__init__(Chain(*blocks), StandardNormal(features), context=context, standardize=standardize)
 
     @property
     def nfe(self) -> int:

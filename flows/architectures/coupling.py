@@ -15,6 +15,7 @@ from flows.bijections.base import Bijection, Chain
 from flows.bijections.coupling import AdditiveCoupling, AffineCoupling
 from flows.bijections.elementwise import Affine
 from flows.bijections.permutation import Permutation
+from flows.bijections.standardize import Standardize
 from flows.distributions import StandardNormal
 from flows.flow import Flow
 from flows.nn import MLP
@@ -95,6 +96,9 @@ class RealNVP(Flow):
         share_conditioner: NanoFlow parameter sharing (:mod:`flows.sharing`): one conditioner
             network for all couplings, with a learned per-step embedding and output gate.
         embedding: width of the per-step embedding when sharing.
+        standardize: data ``(N, D)`` to fit a :class:`~flows.bijections.Standardize` layer on (or a
+            fitted layer), put in front of the flow so that raw data is modelled in data units (see
+            :class:`~flows.flow.Flow`).
 
     Example:
         >>> import torch
@@ -114,6 +118,7 @@ class RealNVP(Flow):
         activation: Callable[[], nn.Module] = nn.ReLU,
         share_conditioner: bool = False,
         embedding: int = 8,
+        standardize: Tensor | Standardize | None = None,
     ) -> None:
         _check_builder_args("RealNVP", features, transforms)
         evens = _evens_first_mask(features)
@@ -135,7 +140,9 @@ class RealNVP(Flow):
             )
             for mask, conditioner in zip(masks, conditioners, strict=True)
         ]
-        super().__init__(_alternating(features, layers), StandardNormal(features), context=context)
+        super().__init__(
+            _alternating(features, layers), StandardNormal(features), context=context, standardize=standardize
+        )
 
 
 class NICE(Flow):
@@ -156,6 +163,9 @@ class NICE(Flow):
         activation: nonlinearity of the conditioners.
         share_conditioner: NanoFlow parameter sharing (see :class:`RealNVP`).
         embedding: width of the per-step embedding when sharing.
+        standardize: data ``(N, D)`` to fit a :class:`~flows.bijections.Standardize` layer on (or a
+            fitted layer), put in front of the flow so that raw data is modelled in data units (see
+            :class:`~flows.flow.Flow`).
 
     Example:
         >>> import torch
@@ -173,6 +183,7 @@ class NICE(Flow):
         activation: Callable[[], nn.Module] = nn.ReLU,
         share_conditioner: bool = False,
         embedding: int = 8,
+        standardize: Tensor | Standardize | None = None,
     ) -> None:
         _check_builder_args("NICE", features, transforms)
         evens = _evens_first_mask(features)
@@ -188,4 +199,9 @@ class NICE(Flow):
             )
             for mask, conditioner in zip(masks, conditioners, strict=True)
         ]
-        super().__init__(_alternating(features, [*layers, Affine(features)]), StandardNormal(features), context=context)
+        super().__init__(
+            _alternating(features, [*layers, Affine(features)]),
+            StandardNormal(features),
+            context=context,
+            standardize=standardize,
+        )

@@ -31,6 +31,7 @@ from flows.bijections.eiw import EIWShuffle
 from flows.bijections.elementwise import Logit
 from flows.bijections.multiscale import Flatten, Split, Squeeze
 from flows.bijections.normalization import ActNorm2d
+from flows.bijections.standardize import Standardize
 from flows.bijections.transformers import AffineTransformer
 from flows.distributions import StandardNormal
 from flows.flow import Flow
@@ -103,6 +104,9 @@ class Glow(Flow):
             per level shared by all its steps, each step with a learned ``(embedding, H, W)``
             flow-indication map (extra input channels) and a per-channel output gate.
         embedding: channels of the per-step embedding map when sharing.
+        standardize: data ``(N, C, H, W)`` to fit a :class:`~flows.bijections.Standardize` layer on (or a
+            fitted layer), put in front of the flow so that raw data is modelled in data units (see
+            :class:`~flows.flow.Flow`).
 
     Raises:
         ValueError: for a shape that cannot be squeezed ``levels`` times, or an unknown option.
@@ -147,6 +151,7 @@ class Glow(Flow):
         eiw_update_steps: int | None = None,
         share_conditioner: bool = False,
         embedding: int = 8,
+        standardize: Tensor | Standardize | None = None,
     ) -> None:
         shape = tuple(shape)
         if len(shape) != 3 or not all(isinstance(s, int) and s > 0 for s in shape):
@@ -182,13 +187,19 @@ class Glow(Flow):
                 "update_steps": eiw_update_steps,
             },
         }
+        if standardize is not None and logit_alpha is not None:
+            raise ValueError(
+                "Glow: expected logit_alpha=None with standardize (the logit is the preprocessing of images in "
+                f"[0, 1]; standardisation replaces it for data on the real line), got logit_alpha={logit_alpha}"
+            )
         body = self._level(shape, 0, options)
         self.logit_alpha = logit_alpha
+        self.image_shape = shape
         if logit_alpha is None:
             transform = body
         else:  # the domain is checked in log_prob (Logit's own check is stricter than its domain)
             transform = Chain(Logit(shape, alpha=logit_alpha, check_domain=False), body)
-        super().__init__(transform, StandardNormal(transform.event_shape_out), context=context)
+        super().__init__(transform, StandardNormal(transform.event_shape_out), context=context, standardize=standardize)
 
     def _mixer(self, channels: int, options: dict) -> Bijection:
         if self.mixer == "1x1":
@@ -245,6 +256,11 @@ class Glow(Flow):
         )
         inner = self._level((keep, h, w), level + 1, options)
         return Chain(*layers, prior, Split((c, h, w), inner, keep=keep))
+
+    @property
+    def event_shape(self) -> tuple[int, int, int]:
+        """The image shape ``(C, H, W)``."""
+        return self.image_shape
 
     def log_prob(self, x: Tensor, context: Tensor | None = None) -> Tensor:
         """Log-density of images ``x`` (``(*batch, C, H, W)``), of shape ``batch``.

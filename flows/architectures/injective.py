@@ -17,6 +17,7 @@ from torch import Tensor, nn
 from flows._validation import check_event, check_finite, check_like
 from flows.bijections.base import Chain
 from flows.bijections.injective import FreeFormInjective
+from flows.bijections.standardize import Standardize
 from flows.distributions import StandardNormal
 from flows.flow import Flow
 
@@ -66,6 +67,9 @@ class FreeFormInjectiveFlow(Flow):
         hutchinson_samples: number ``K ≤ d`` of orthogonal probes per sample.
         jvp: how the decoder JVP of the surrogate is computed (``"double_backward"`` or
             ``"forward"``; see :class:`~flows.bijections.injective.FreeFormInjective`).
+        standardize: data ``(N, D)`` to fit a :class:`~flows.bijections.Standardize` layer on (or a
+            fitted layer), put in front of the flow so that raw data is modelled in data units (see
+            :class:`~flows.flow.Flow`).
 
     Example:
         >>> import torch
@@ -94,6 +98,7 @@ class FreeFormInjectiveFlow(Flow):
         noise: float = 0.01,
         hutchinson_samples: int = 1,
         jvp: str = "double_backward",
+        standardize: Tensor | Standardize | None = None,
     ) -> None:
         name = type(self).__name__
         if not (isinstance(beta, (int, float)) and math.isfinite(beta) and beta >= 0):
@@ -130,20 +135,31 @@ class FreeFormInjectiveFlow(Flow):
                     f"got {tuple(latent.event_shape)}"
                 )
             transform, base = Chain(injective, latent.transform), latent.base
-        super().__init__(transform, base, context=context)
+        super().__init__(transform, base, context=context, standardize=standardize)
         self.beta, self.noise, self.hutchinson_samples = float(beta), float(noise), hutchinson_samples
 
     @property
     def injective(self) -> FreeFormInjective:
-        """The encoder/decoder pair (first member of the transform)."""
-        return self.transform[0]
+        """The encoder/decoder pair (first member of the builder's transform, after any preprocessing)."""
+        return self.core[0]
 
     def _latent_log_prob(self, z: Tensor, context: Tensor | None) -> Tensor:
         """Exact log-density of the latent (bijective) part at ``z``."""
-        if len(self.transform) == 1:
+        if len(self.core) == 1:
             return self.base.log_prob(z, context)
-        u, ladj = self.transform[1].forward_and_log_det(z, context)
+        u, ladj = self.core[1].forward_and_log_det(z, context)
         return self.base.log_prob(u, context) + ladj
+
+    def _preprocess(self, x: Tensor, context: Tensor | None) -> tuple[Tensor, Tensor]:
+        """The :attr:`preprocessing` layers (e.g. ``standardize=``) and their log-determinant (0 without)."""
+        if not self.preprocessing:
+            return x, x.new_zeros(x.shape[:-1])
+        return self.transform[: len(self.preprocessing)].forward_and_log_det(x, context)
+
+    def _postprocess(self, x: Tensor, context: Tensor | None) -> Tensor:
+        for layer in reversed(list(self.transform)[: len(self.preprocessing)]):
+            x = layer.inverse(x, context)
+        return x
 
     def _check_input(self, x: Tensor, context: Tensor | None) -> None:
         name = type(self).__name__
@@ -176,11 +192,12 @@ class FreeFormInjectiveFlow(Flow):
             meaningful), ``"log_prob_latent"`` and ``"surrogate"``.
         """
         self._check_input(x, context)
+        x, ladj_pre = self._preprocess(x, context)
         sigma = self.noise if noise is None else float(noise)
         if sigma > 0:
             x = x + sigma * torch.randn(x.shape, generator=generator, dtype=x.dtype, device=x.device)
         z, x_rec, surrogate = self.injective.surrogate(x, context, samples=self.hutchinson_samples, generator=generator)
-        log_pz = self._latent_log_prob(z, context)
+        log_pz = self._latent_log_prob(z, context) + ladj_pre
         reconstruction = (x - x_rec).square().sum(-1)
         nll = -log_pz - surrogate
         return {
@@ -205,12 +222,13 @@ class FreeFormInjectiveFlow(Flow):
     def encode(self, x: Tensor, context: Tensor | None = None) -> Tensor:
         """Manifold coordinates ``z = f(x)`` (``(*batch, d)``)."""
         self._check_input(x, context)
-        return self.injective.encode(x, context)
+        return self.injective.encode(self._preprocess(x, context)[0], context)
 
     def reconstruct(self, x: Tensor, context: Tensor | None = None) -> Tensor:
         """``g(f(x))``: the point of the manifold that ``x`` is mapped to (``(*batch, D)``)."""
         self._check_input(x, context)
-        return self.injective.decode(self.injective.encode(x, context), context)
+        u = self._preprocess(x, context)[0]
+        return self._postprocess(self.injective.decode(self.injective.encode(u, context), context), context)
 
     def rsample(self, sample_shape: Sequence[int] | int = (), context: Tensor | None = None) -> Tensor:
         """Differentiable samples on the manifold (decodes latent samples; no Jacobian is formed)."""
@@ -218,9 +236,9 @@ class FreeFormInjectiveFlow(Flow):
         shape = torch.Size((sample_shape,) if isinstance(sample_shape, int) else sample_shape)
         z = self.base.rsample(shape, context)
         latent_context = self._latent_context(shape, context)
-        if len(self.transform) > 1:
-            z = self.transform[1].inverse(z, latent_context)
-        return self.injective.decode(z, latent_context)
+        if len(self.core) > 1:
+            z = self.core[1].inverse(z, latent_context)
+        return self._postprocess(self.injective.decode(z, latent_context), latent_context)
 
     def extra_repr(self) -> str:
         return f"beta={self.beta:g}, noise={self.noise:g}, hutchinson_samples={self.hutchinson_samples}"

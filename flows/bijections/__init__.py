@@ -17,6 +17,7 @@ from flows.bijections.permutation import Permutation, Reverse
 from flows.bijections.splines import RationalQuadraticSpline
 from flows.bijections.standardize import Standardize
 from flows.bijections.stochastic import HMCBlock, LangevinBlock, MetropolisBlock, StochasticBlock
+from flows.bijections.torch_transform import TorchTransform
 from flows.bijections.transformers import AdditiveTransformer, AffineTransformer, Transformer
 
 __all__ = [
@@ -58,6 +59,7 @@ __all__ = [
     "Squeeze",
     "Standardize",
     "StochasticBlock",
+    "TorchTransform",
     "Transformer",
     "alternating_mask",
     "half_log_det_gram",

@@ -150,7 +150,6 @@ def build_model(config: dict[str, Any]) -> nn.Module:
     pre = config.get("preprocessing") or []
     if not pre:
         return model
-    from flows.bijections.base import Chain
     from flows.flow import Flow
 
     layers = _layers()
@@ -161,4 +160,5 @@ def build_model(config: dict[str, Any]) -> nn.Module:
         if item.get("layer") not in layers:
             raise ValueError(f"model config: unknown preprocessing layer {item.get('layer')!r}")
         front.append(layers[item["layer"]](model.event_shape, **item.get("options", {})))
-    return Flow(Chain(*front, model.transform), model.base, context=model.context_features)
+    # In place, so the model keeps its own class and methods (FFJORD.nfe, Glow's temperature).
+    return model.prepend(*front, options=[item.get("options", {}) for item in pre])

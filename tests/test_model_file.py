@@ -1,0 +1,161 @@
+"""Self-describing model files: safetensors weights + JSON config from the builder's actual arguments."""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+import pytest
+import torch
+from safetensors import safe_open
+from safetensors.torch import load_file, save_file
+
+import flows
+from flows import FFJORD, MAF, NSF, Flow, Glow, RealNVP, StandardNormal, load_model, save_model
+from flows.model_file import ModelFileError
+
+
+def _perturb(model: torch.nn.Module) -> torch.nn.Module:
+    gen = torch.Generator().manual_seed(0)
+    with torch.no_grad():
+        for p in model.parameters():
+            p.add_(0.05 * torch.randn(p.shape, generator=gen))
+    return model
+
+
+MODELS = {
+    "nsf-standardized": lambda: NSF(
+        3, transforms=2, hidden=(8,), bins=4, lu=True, standardize=torch.randn(30, 3) * 5 + 9
+    ),
+    "maf-randperm-context": lambda: MAF(3, 2, transforms=2, hidden=[8, 8], randperm=True, activation=torch.nn.Tanh),
+    "realnvp-shared": lambda: RealNVP(4, transforms=3, hidden=(8,), share_conditioner=True),
+    "ffjord": lambda: FFJORD(2, hidden=(8,), eval_trace="exact"),
+    "glow": lambda: Glow((1, 4, 4), levels=1, steps=1, hidden=4, mixer="lu"),
+}
+
+
+@pytest.mark.parametrize("name", list(MODELS))
+def test_round_trip_rebuilds_the_same_model(name: str, tmp_path: Path) -> None:
+    torch.manual_seed(0)
+    model = _perturb(MODELS[name]()).eval()
+    path = save_model(model, tmp_path / "model")
+    assert path == tmp_path / "model.safetensors" and (tmp_path / "model.json").is_file()
+    loaded = load_model(path)
+    assert type(loaded) is type(model)
+    context = torch.randn(5, 2) if name.startswith("maf") else None
+    x = torch.rand(5, 1, 4, 4) if name == "glow" else model.sample((5,), context)
+    torch.testing.assert_close(loaded.log_prob(x, context), model.log_prob(x, context))
+    # one call from the directory, the json or the stem
+    assert type(load_model(tmp_path / "model.json")) is type(model)
+
+
+def test_config_holds_the_actual_arguments(tmp_path: Path) -> None:
+    model = MAF(3, 2, transforms=2, hidden=[8, 8], activation=torch.nn.Tanh)
+    save_model(model, tmp_path)
+    config = json.loads((tmp_path / "model.json").read_text())
+    assert config["builder"] == "MAF"
+    arguments = config["arguments"]
+    assert arguments["features"] == 3 and arguments["context"] == 2 and arguments["transforms"] == 2
+    assert arguments["hidden"] == [8, 8] and arguments["activation"] == {"torch.nn": "Tanh"}
+    assert arguments["clamp"] == 3.0  # defaults too: the file does not depend on this version's defaults
+    assert "standardize" not in arguments and config["preprocessing"] == []
+
+
+def test_weights_open_with_safetensors_alone(tmp_path: Path) -> None:
+    model = NSF(2, transforms=1, hidden=(8,), standardize=torch.randn(20, 2) + 100)
+    path = save_model(model, tmp_path)
+    tensors = load_file(str(path))
+    torch.testing.assert_close(tensors["transform.transforms.0.loc"], model.transform[0].loc)
+    with safe_open(str(path), framework="pt") as f:
+        config = json.loads(f.metadata()["flows_config"])
+    assert config["builder"] == "NSF"
+    # and the weights file alone is enough to rebuild the model
+    (tmp_path / "model.json").unlink()
+    x = torch.randn(4, 2) + 100
+    torch.testing.assert_close(load_model(path).log_prob(x), model.eval().log_prob(x))
+
+
+def test_no_pickle_in_the_weights(tmp_path: Path) -> None:
+    path = save_model(RealNVP(2, transforms=1, hidden=(4,)), tmp_path)
+    header_size = int.from_bytes(path.read_bytes()[:8], "little")
+    header = json.loads(path.read_bytes()[8 : 8 + header_size])
+    assert all(v["dtype"] in ("F32", "F64", "I64", "BOOL") for k, v in header.items() if k != "__metadata__")
+
+
+def _saved(tmp_path: Path) -> tuple[Path, dict]:
+    path = save_model(MAF(3, transforms=1, hidden=(8,)), tmp_path)
+    return path, json.loads((tmp_path / "model.json").read_text())
+
+
+def test_refuses_an_unknown_builder(tmp_path: Path) -> None:
+    _, config = _saved(tmp_path)
+    config["builder"] = "os.system"
+    (tmp_path / "model.json").write_text(json.dumps(config))
+    with pytest.raises(ModelFileError, match=r"expected a builder among .* got 'os\.system'"):
+        load_model(tmp_path)
+
+
+def test_refuses_other_versions(tmp_path: Path) -> None:
+    _, config = _saved(tmp_path)
+    (tmp_path / "model.json").write_text(json.dumps({**config, "format_version": 2}))
+    with pytest.raises(ModelFileError, match="expected model file format version 1, got 2"):
+        load_model(tmp_path)
+    (tmp_path / "model.json").write_text(json.dumps({**config, "flows_version": "9.0.0"}))
+    with pytest.raises(ModelFileError, match=r"expected a model file written by flows 0\.1\.x, got one written by"):
+        load_model(tmp_path)
+
+
+def test_refuses_missing_extra_and_misshaped_tensors(tmp_path: Path) -> None:
+    path, _ = _saved(tmp_path)
+    tensors = load_file(str(path))
+    name = next(iter(tensors))
+    for change, message in (
+        (lambda t: t.pop(name), "missing tensors"),
+        (lambda t: t.__setitem__("extra.weight", torch.zeros(2)), r"extra tensors \['extra\.weight'\]"),
+        (lambda t: t.__setitem__(name, torch.zeros(7, 7)), r"expected tensor .* of shape .* got \(7, 7\)"),
+    ):
+        broken = dict(tensors)
+        change(broken)
+        save_file(broken, str(path))
+        with pytest.raises(ModelFileError, match=message):
+            load_model(tmp_path)
+
+
+def test_refuses_wrong_arguments_and_non_torch_nn_names(tmp_path: Path) -> None:
+    _, config = _saved(tmp_path)
+    bad = {**config, "arguments": {**config["arguments"], "activation": {"torch.nn": "functional"}}}
+    (tmp_path / "model.json").write_text(json.dumps(bad))
+    with pytest.raises(ModelFileError, match=r"expected the name of a torch\.nn module class"):
+        load_model(tmp_path)
+    bad = {**config, "arguments": {**config["arguments"], "bogus": 1}}
+    (tmp_path / "model.json").write_text(json.dumps(bad))
+    with pytest.raises(ModelFileError, match="MAF refused the arguments"):
+        load_model(tmp_path)
+
+
+def test_refuses_models_a_config_cannot_describe(tmp_path: Path) -> None:
+    with pytest.raises(ModelFileError, match="expected a model made by one of the builders"):
+        save_model(Flow(flows.Affine(2), StandardNormal(2)), tmp_path)
+    with pytest.raises(ModelFileError, match="expected constructor arguments that are JSON values"):
+        save_model(flows.FreeFormInjectiveFlow(2, latent_features=1, encoder=torch.nn.Linear(2, 1)), tmp_path)
+
+
+def test_missing_file_is_a_clear_error(tmp_path: Path) -> None:
+    with pytest.raises(FileNotFoundError, match="no model file at"):
+        load_model(tmp_path / "nothing")
+
+
+@pytest.mark.parametrize("marker", ["distributions-idiom", "load-model"])
+def test_readme_examples_run(marker: str, tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    readme = (Path(__file__).resolve().parents[1] / "README.md").read_text()
+    block = readme.split(f"<!-- {marker} -->\n```python\n", 1)[1].split("```", 1)[0]
+    monkeypatch.chdir(tmp_path)
+    namespace: dict = {}
+    exec(compile(block, f"README.md:{marker}", "exec"), namespace)
+    if marker == "load-model":
+        assert type(namespace["model"]) is NSF and (tmp_path / "models" / "nsf.json").is_file()
+    else:
+        assert namespace["log_p"].shape == (10, 4) and namespace["kl"].shape == (4,)
+        assert namespace["samples"].shape == (5, 2) and bool(
+            ((namespace["samples"] > 0) & (namespace["samples"] < 1)).all()
+        )
