@@ -104,12 +104,19 @@ def _check_options(builder_name: str, options: list[tuple[str, object]]) -> None
     from flows.train.config import _architectures
 
     builder = _architectures().get(builder_name)
-    if builder is None or not options:
+    if builder is None:
         return
     parameters = inspect.signature(builder).parameters
     takes_any = any(p.kind is inspect.Parameter.VAR_KEYWORD for p in parameters.values())
     names = [n for n, p in parameters.items() if p.kind is inspect.Parameter.KEYWORD_ONLY]
+    if not takes_any and not {"transforms", "hidden"} <= set(names):
+        raise ValueError(
+            f"--model {builder_name}: expected a builder with transforms= and hidden= options (a flow on vectors), "
+            f"got one with {names}; build {builder_name} from Python"
+        )
     for key, value in options:
+        if key in ("transforms", "hidden"):
+            raise ValueError(f"--option {key}=...: expected --{key} to set the {key}, got it as an --option")
         if key not in parameters or parameters[key].kind is not inspect.Parameter.KEYWORD_ONLY:
             if takes_any:
                 continue
@@ -127,6 +134,11 @@ def _check_options(builder_name: str, options: list[tuple[str, object]]) -> None
             "None": lambda v: v is None,
         }
         if not kinds <= set(accepted):
+            if any(word in text for word in ("Callable", "type[", "Module", "Generator", "Flow")):
+                raise ValueError(
+                    f"--option {key}: expected a plain value (number, string, bool, null), but {builder_name} takes "
+                    f"a Python object there ({text}); set {key} from Python"
+                )
             continue
         if not any(accepted[k](value) for k in kinds):
             wanted = " or ".join(sorted("null" if k == "None" else k for k in kinds))
@@ -152,7 +164,6 @@ def fit(args: argparse.Namespace) -> int:
 
     if args.threads < 1 or args.nproc < 1:
         raise ValueError(f"expected --threads >= 1 and --nproc >= 1, got {args.threads} and {args.nproc}")
-    _check_options(args.model, args.option)
     torch.set_num_threads(args.threads)
     distributed = "LOCAL_RANK" in os.environ and int(os.environ.get("WORLD_SIZE", "1")) > 1
     device = init_distributed(seed=args.seed) if distributed else torch.device("cpu")
@@ -183,6 +194,7 @@ def fit(args: argparse.Namespace) -> int:
             "use its objective from Python (for FreeFormInjectiveFlow: "
             "flows.train.Trainer(model, flows.train.FreeFormInjectiveObjective()))"
         )
+    _check_options(args.model, args.option)
     data = load_dataset(**spec)
     fingerprint = data_fingerprint(data)
     say(f"data {data.describe()}")

@@ -266,3 +266,14 @@ def test_reformatting_a_file_keeps_its_values_and_its_run(tmp_path: Path, capsys
     capsys.readouterr()
     assert main(["eval", str(out)]) == 0
     assert "warning" not in capsys.readouterr().err
+
+
+def test_options_the_command_line_cannot_carry_are_refused(tmp_path: Path, capsys) -> None:
+    for argv, message in (
+        (["--option", "activation=Foo"], "--option activation: expected a plain value (number, string, bool, null)"),
+        (["--option", "hidden=[0]"], "--option hidden=...: expected --hidden to set the hidden"),
+        (["--model", "Glow"], "--model Glow: expected a builder with transforms= and hidden= options"),
+    ):
+        code, err = _run(["fit", "--data", "moons", *argv, "--out", str(tmp_path / "o"), *TINY], capsys)
+        assert code == 2
+        assert message in _one_line_error(err, "fit")
