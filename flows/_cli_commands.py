@@ -230,7 +230,10 @@ def fit(args: argparse.Namespace) -> int:
     )
     if args.resume:
         saved = read_checkpoint_header(checkpoint)
-        for what, now, before in (("model", config, saved.get("config")), ("data", spec, saved["info"].get("data"))):
+        for what, now, before in (
+            ("model", config, saved.get("config")),
+            ("data", spec, (saved.get("info") or {}).get("data")),
+        ):
             if json.dumps(now, sort_keys=True) != json.dumps(before, sort_keys=True):
                 raise ValueError(
                     f"--resume: the {what} settings differ from the run in {str(out)!r}: it has {before}, "
@@ -364,17 +367,25 @@ def sample(args: argparse.Namespace) -> int:
     torch.manual_seed(args.seed)
     with evaluating(model), torch.no_grad():
         samples = model.sample((args.num,))
-    bad = int((~torch.isfinite(samples)).any(dim=tuple(range(1, samples.dim()))).sum()) if samples.dim() > 1 else 0
-    if bad:
-        print(f"flows sample: warning: {bad} of {args.num} samples have non-finite values", file=sys.stderr)
+    finite = torch.isfinite(samples.reshape(len(samples), -1)).all(dim=1)
+    if not bool(finite.all()):
+        print(
+            f"flows sample: warning: {int((~finite).sum())} of {args.num} samples have non-finite values "
+            "(kept in the .npy file, left out of the picture)",
+            file=sys.stderr,
+        )
     out.parent.mkdir(parents=True, exist_ok=True)
     with open(out, "wb") as handle:
         np.save(handle, samples.numpy())
+    shown = samples[finite]
+    if len(shown) == 0:
+        print(f"wrote {args.num} samples of shape {tuple(samples.shape[1:])} to {out} (no picture: none is finite)")
+        return 0
     picture.parent.mkdir(parents=True, exist_ok=True)
     if data is not None and data.image_shape is not None:
-        plot_image_grid(samples, picture, image_shape=data.image_shape, title=f"{args.num} samples")
+        plot_image_grid(shown, picture, image_shape=data.image_shape, title=f"{len(shown)} samples")
     else:
-        plot_corner(samples, None if data is None else data.test, picture, title=f"{args.num} samples")
+        plot_corner(shown, None if data is None else data.test, picture, title=f"{len(shown)} samples")
     print(f"wrote {args.num} samples of shape {tuple(samples.shape[1:])} to {out} and a picture to {picture}")
     return 0
 

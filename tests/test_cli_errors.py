@@ -277,3 +277,17 @@ def test_options_the_command_line_cannot_carry_are_refused(tmp_path: Path, capsy
         code, err = _run(["fit", "--data", "moons", *argv, "--out", str(tmp_path / "o"), *TINY], capsys)
         assert code == 2
         assert message in _one_line_error(err, "fit")
+
+
+def test_sample_warns_about_non_finite_samples(moons_run: Path, tmp_path: Path, capsys, monkeypatch) -> None:
+    from flows.train import runs
+
+    _, data = runs.load_run(moons_run)
+    broken = torch.nn.Module()
+    broken.sample = lambda shape: torch.full((*shape, 2), float("nan"))
+    monkeypatch.setattr(runs, "load_run", lambda run, **kwargs: (broken, data))
+    assert main(["sample", str(moons_run), "-n", "4", "--out", str(tmp_path / "s.npy")]) == 0
+    captured = capsys.readouterr()
+    assert "flows sample: warning: 4 of 4 samples have non-finite values" in captured.err
+    assert f"to {tmp_path / 's.npy'} (no picture: none is finite)" in captured.out
+    assert np.isnan(np.load(tmp_path / "s.npy")).all() and not (tmp_path / "s.png").exists()
