@@ -122,7 +122,7 @@ def test_a_missing_optimizer_state_is_a_clear_error_not_a_key_error(tmp_path: Pa
     del state["optimizer"]
     crafted = _craft(tmp_path / "crafted.ckpt", {k: header[k] for k in ("kind", "config", "info")}, state)
     fresh = Trainer(build_model(config), config=config)
-    with pytest.raises(CheckpointError, match=r"expected an entry 'optimizer' in its state") as caught:
+    with pytest.raises(CheckpointError, match=r"expected a training state with .*, it lacks \['optimizer'\]") as caught:
         fresh.resume(crafted)
     assert not isinstance(caught.value, KeyError)
     assert "crafted.ckpt" in str(caught.value)
@@ -131,5 +131,29 @@ def test_a_missing_optimizer_state_is_a_clear_error_not_a_key_error(tmp_path: Pa
 def test_a_model_checkpoint_without_weights_is_a_clear_error(tmp_path: Path) -> None:
     config = model_config("RealNVP", 2, transforms=1, hidden=[4])
     path = _craft(tmp_path / "m.ckpt", {"kind": "model", "config": config, "info": {}}, {"weights": torch.ones(1)})
-    with pytest.raises(CheckpointError, match=r"expected an entry 'model' in its state \(it has \['weights'\]\)"):
+    with pytest.raises(CheckpointError, match=r"expected the model's weights under 'model', it has \['weights'\]"):
         load_model(path)
+
+
+@pytest.mark.parametrize(
+    ("edit", "message"),
+    [
+        (
+            lambda s: s["optimizer"].pop("param_groups"),
+            r"expected state\['optimizer'\] to have .*lacks \['param_groups'\]",
+        ),
+        (lambda s: s.__setitem__("optimizer", [1, 2]), r"expected state\['optimizer'\] to be a dict, got list"),
+        (lambda s: s["trainer"].pop("epoch"), r"expected state\['trainer'\] to have .*lacks \['epoch'\]"),
+        (lambda s: s.pop("rng"), r"it lacks \['rng'\]"),
+    ],
+)
+def test_damaged_entries_of_a_training_state_are_named(tmp_path: Path, edit, message: str) -> None:
+    config = model_config("RealNVP", 2, transforms=1, hidden=[4])
+    trainer = Trainer(build_model(config), checkpoint=tmp_path / "run.ckpt", config=config)
+    trainer.fit(torch.randn(16, 2), epochs=1, batch_size=8)
+    header = read_checkpoint_header(tmp_path / "run.ckpt")
+    state = load_checkpoint(tmp_path / "run.ckpt").state
+    edit(state)
+    crafted = _craft(tmp_path / "crafted.ckpt", {k: header[k] for k in ("kind", "config", "info")}, state)
+    with pytest.raises(CheckpointError, match=message):
+        Trainer(build_model(config), config=config).resume(crafted)

@@ -14,8 +14,8 @@ File layout (one file)::
   half-written file is rejected with a :class:`CheckpointError` before any unpickling starts.
 
 Every length field is bounded by the file's size before anything is allocated, the checksum is
-verified before the header is parsed, and a missing entry of the state (``state["optimizer"]`` of
-a hand-edited training checkpoint) raises a :class:`CheckpointError` naming the file and the key.
+verified before the header is parsed, and :func:`check_training_state` names what a training
+state lacks (``state["optimizer"]`` of a hand-edited checkpoint) instead of a ``KeyError``.
 
 Files are written atomically (temporary file, ``fsync``, rename): a process killed in the middle
 of a save leaves the previous checkpoint intact.
@@ -44,6 +44,7 @@ __all__ = [
     "Checkpoint",
     "CheckpointError",
     "capture_rng_state",
+    "check_training_state",
     "load_checkpoint",
     "load_model",
     "read_checkpoint_header",
@@ -126,16 +127,48 @@ def save_checkpoint(
     return atomic_write_bytes(path, body + hashlib.sha256(body).digest())
 
 
-class _State(dict):
-    """A checkpoint's payload dict whose missing entries raise a :class:`CheckpointError` naming the file."""
+TRAINING_ENTRIES: dict[str, tuple[str, ...]] = {
+    "trainer": ("epoch", "epoch_step", "step", "elapsed", "epoch_sums", "epoch_count"),
+    "model": (),
+    "optimizer": ("state", "param_groups"),
+    "scheduler": (),
+    "guard": (),
+    "callbacks": (),
+    "history": ("records", "events"),
+    "rng": ("torch", "numpy", "python"),
+}
+"""Entries a :class:`~flows.train.Trainer` state must have (and the entries each must have) to resume."""
 
-    path: str = ""
 
-    def __missing__(self, key: object) -> Any:
+def check_training_state(state: dict[str, Any], path: str | os.PathLike = "<state>") -> None:
+    """Refuse a training state that lacks what resuming reads, naming the file and the missing entries.
+
+    A checkpoint that passed its checksum can still have been written by other code or crafted:
+    this turns what would be a ``KeyError`` deep inside a resume into one clear error.
+
+    Raises:
+        CheckpointError: naming the missing or mistyped entries.
+    """
+    missing = [key for key in TRAINING_ENTRIES if key not in state]
+    if missing:
         raise CheckpointError(
-            f"checkpoint {self.path!r}: expected an entry {key!r} in its state (it has {sorted(map(str, self))}); "
-            "the file was not written by this kind of saver or was edited"
+            f"checkpoint {str(path)!r}: expected a training state with {list(TRAINING_ENTRIES)}, it lacks {missing} "
+            "(the file was edited or not written by flows.train.Trainer)"
         )
+    for key, entries in TRAINING_ENTRIES.items():
+        value = state[key]
+        kind = list if key == "callbacks" else dict
+        if value is None and key in ("scheduler", "guard"):  # a run without a scheduler or guard
+            continue
+        if not isinstance(value, kind):
+            raise CheckpointError(
+                f"checkpoint {str(path)!r}: expected state[{key!r}] to be a {kind.__name__}, got {type(value).__name__}"
+            )
+        lacking = [entry for entry in entries if entry not in value]
+        if lacking:
+            raise CheckpointError(
+                f"checkpoint {str(path)!r}: expected state[{key!r}] to have {list(entries)}, it lacks {lacking}"
+            )
 
 
 def _read(path: str | os.PathLike, *, payload: bool) -> tuple[dict[str, Any], bytes]:
@@ -240,8 +273,6 @@ def load_checkpoint(path: str | os.PathLike, *, map_location: str | torch.device
         ) from error
     if not isinstance(state, dict):
         raise CheckpointError(f"checkpoint {str(path)!r}: expected a dict payload, got {type(state).__name__}")
-    state = _State(state)
-    state.path = str(path)
     return Checkpoint(header, state)
 
 
@@ -276,6 +307,11 @@ def load_model(path: str | os.PathLike, *, map_location: str | torch.device | No
         raise CheckpointError(
             f"checkpoint {str(path)!r} has no model config; build the model yourself and call "
             "model.load_state_dict(load_checkpoint(path).state['model'])"
+        )
+    if not isinstance(checkpoint.state.get("model"), dict):
+        raise CheckpointError(
+            f"checkpoint {str(path)!r}: expected the model's weights under 'model', it has "
+            f"{sorted(map(str, checkpoint.state))}"
         )
     try:
         model = build_model(checkpoint.config)
