@@ -40,7 +40,7 @@ import math
 import os
 import subprocess
 import sys
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from pathlib import Path
 
 __all__ = ["EXIT_CODES", "main"]
@@ -68,7 +68,9 @@ class _Parser(argparse.ArgumentParser):
         self.exit(2, f"{self.prog}: error: {message} (see '{self.prog} --help')\n")
 
 
-def _integer(low: int, high: int | None = None, what: str = "an integer") -> object:
+def _integer(low: int, high: int | None = None, what: str = "an integer") -> Callable[[str], int]:
+    """An argparse type: an integer in ``[low, high]``, else a one-line "expected ..., got ..." error."""
+
     def parse(text: str) -> int:
         try:
             value = int(text)
@@ -90,7 +92,12 @@ def _real(
     high: float | None = None,
     open_high: bool = False,
     allow_inf: bool = False,
-) -> object:
+) -> Callable[[str], float]:
+    """An argparse type: a finite number (``+inf`` too with ``allow_inf``) above ``low`` and below ``high``.
+
+    ``strict`` excludes ``low`` itself, ``open_high`` excludes ``high``; NaN is always refused.
+    """
+
     def parse(text: str) -> float:
         try:
             value = float(text)
