@@ -43,6 +43,111 @@ def _pictures(model: torch.nn.Module, data, directory: Path, name: str = "sample
     return written
 
 
+class DataChanged(ValueError):
+    """The data a command loaded no longer matches the fingerprint its run recorded."""
+
+
+def _run_checkpoint(run: Path) -> Path:
+    """The checkpoint file :func:`flows.train.runs.load_run` reads for ``run`` (a directory or a file)."""
+    if run.is_dir():
+        return next((c for c in (run / "model.ckpt", run / "checkpoint.ckpt") if c.is_file()), run / "model.ckpt")
+    return run
+
+
+def _verify_fingerprint(info: dict, now: dict, where: Path, command: str, *, refuse: bool, how: str = "") -> None:
+    """Compare the data fingerprint recorded in a checkpoint's ``info`` with the data loaded now.
+
+    Runs written before fingerprints were recorded have none and are not checked. A mismatch
+    raises :class:`DataChanged` when ``refuse``, else prints a one-line warning.
+    """
+    recorded = info.get("data_fingerprint") if isinstance(info, dict) else None
+    if not isinstance(recorded, dict) or "sha256" not in recorded or recorded["sha256"] == now["sha256"]:
+        return
+    message = (
+        f"the data changed since the run in {str(where)!r} was trained: expected data with sha256 "
+        f"{recorded['sha256'][:16]}... (recorded by the run), got {now['sha256'][:16]}..."
+    )
+    if recorded.get("file_sha256") and now.get("file_sha256") and recorded["file_sha256"] != now["file_sha256"]:
+        message += f" (the file {now.get('file', '')!r} was modified)"
+    if refuse:
+        raise DataChanged(f"{message}; {how}" if how else message)
+    print(f"flows {command}: warning: {message}", file=sys.stderr)
+
+
+def _check_writable_directory(path: Path, what: str) -> None:
+    """Fail early, before any work, when ``path`` cannot be (or become) a writable directory."""
+    if path.exists() and not path.is_dir():
+        raise NotADirectoryError(f"{what}: expected a directory, got the file {str(path)!r}")
+    existing = path
+    while not existing.exists():
+        existing = existing.parent
+    if not existing.is_dir():
+        raise NotADirectoryError(f"{what}: cannot create {str(path)!r}: {str(existing)!r} is a file, not a directory")
+    if not os.access(existing, os.W_OK | os.X_OK):
+        raise PermissionError(f"{what}: cannot write to {str(path)!r}: {str(existing)!r} is not writable")
+
+
+def _check_output_file(path: Path, what: str) -> None:
+    """Fail early when ``path`` is a directory or lies where no file can be written."""
+    if path.is_dir():
+        raise IsADirectoryError(f"{what}: expected a file path, got the directory {str(path)!r}")
+    _check_writable_directory(path.parent, what)
+
+
+def _check_options(builder_name: str, options: list[tuple[str, object]]) -> None:
+    """``--option KEY=VALUE``: the builder has the option, and the value has the option's type.
+
+    Types are read from the builder's annotations (``float``, ``int``, ``bool``, ``str``,
+    ``None``); options of other types (activations, sequences) are left to the builder.
+    """
+    import inspect
+
+    from flows.train.config import _architectures
+
+    builder = _architectures().get(builder_name)
+    if builder is None:
+        return
+    parameters = inspect.signature(builder).parameters
+    takes_any = any(p.kind is inspect.Parameter.VAR_KEYWORD for p in parameters.values())
+    names = [n for n, p in parameters.items() if p.kind is inspect.Parameter.KEYWORD_ONLY]
+    if not takes_any and not {"transforms", "hidden"} <= set(names):
+        raise ValueError(
+            f"--model {builder_name}: expected a builder with transforms= and hidden= options (a flow on vectors), "
+            f"got one with {names}; build {builder_name} from Python"
+        )
+    for key, value in options:
+        if key in ("transforms", "hidden"):
+            raise ValueError(f"--option {key}=...: expected --{key} to set the {key}, got it as an --option")
+        if key not in parameters or parameters[key].kind is not inspect.Parameter.KEYWORD_ONLY:
+            if takes_any:
+                continue
+            raise ValueError(f"--option {key}=...: expected one of {builder_name}'s options {names}, got {key!r}")
+        if isinstance(value, float) and not math.isfinite(value):
+            raise ValueError(f"--option {key}={value}: expected a finite number, got {value}")
+        annotation = parameters[key].annotation
+        text = annotation if isinstance(annotation, str) else getattr(annotation, "__name__", str(annotation))
+        kinds = {part.strip() for part in text.split("|")}
+        accepted = {
+            "float": lambda v: isinstance(v, (int, float)) and not isinstance(v, bool),
+            "int": lambda v: isinstance(v, int) and not isinstance(v, bool),
+            "bool": lambda v: isinstance(v, bool),
+            "str": lambda v: isinstance(v, str),
+            "None": lambda v: v is None,
+        }
+        if not kinds <= set(accepted):
+            if any(word in text for word in ("Callable", "type[", "Module", "Generator", "Flow")):
+                raise ValueError(
+                    f"--option {key}: expected a plain value (number, string, bool, null), but {builder_name} takes "
+                    f"a Python object there ({text}); set {key} from Python"
+                )
+            continue
+        if not any(accepted[k](value) for k in kinds):
+            wanted = " or ".join(sorted("null" if k == "None" else k for k in kinds))
+            default = parameters[key].default
+            example = f" such as {key}={json.dumps(default)}" if default is not inspect.Parameter.empty else ""
+            raise ValueError(f"--option {key}: expected {wanted}{example}, got {value!r}")
+
+
 # `flows fit --resume` policy: flags that change the run are refused when they differ from the run's; stopping rules
 # are applied and recorded (history event and run.json "resumes"); the other flags only change how it executes.
 RUN_FLAGS = ("lr", "batch_size", "schedule", "clip", "patience")
@@ -73,7 +178,7 @@ def fit(args: argparse.Namespace) -> int:
 
 
 def _fit(args: argparse.Namespace) -> int:
-    from flows.data.dataset import load_dataset
+    from flows.data.dataset import data_fingerprint, load_dataset
     from flows.train import (
         EarlyStopping,
         MaximumLikelihood,
@@ -97,6 +202,7 @@ def _fit(args: argparse.Namespace) -> int:
     main_process = not distributed or int(os.environ["RANK"]) == 0
     say = print if main_process and not args.quiet else (lambda *a, **k: None)
     out = args.out or Path("runs") / Path(str(args.data)).stem
+    _check_writable_directory(out, "--out")
     checkpoint = out / "checkpoint.ckpt"
     if checkpoint.exists() and not (args.resume or args.overwrite):
         raise ValueError(
@@ -120,7 +226,9 @@ def _fit(args: argparse.Namespace) -> int:
             "use its objective from Python (for FreeFormInjectiveFlow: "
             "flows.train.Trainer(model, flows.train.FreeFormInjectiveObjective()))"
         )
+    _check_options(args.model, args.option)
     data = load_dataset(**spec)
+    fingerprint = data_fingerprint(data)
     say(f"data {data.describe()}")
     torch.manual_seed(args.seed)
     options = {"transforms": args.transforms, "hidden": args.hidden, **dict(args.option)}
@@ -149,18 +257,26 @@ def _fit(args: argparse.Namespace) -> int:
         checkpoint=checkpoint,
         checkpoint_every=args.checkpoint_every,
         config=config,
-        info={"data": spec, "fit": {k: _json_number(getattr(args, k)) for k in RUN_FLAGS + STOP_FLAGS}},
+        info={
+            "data": spec,
+            "data_fingerprint": fingerprint,
+            "fit": {k: _json_number(getattr(args, k)) for k in RUN_FLAGS + STOP_FLAGS},
+        },
         compile=args.compile,
     )
     resumes = []
     if args.resume:
         saved = read_checkpoint_header(checkpoint)
-        for what, now, before in (("model", config, saved.get("config")), ("data", spec, saved["info"].get("data"))):
+        for what, now, before in (
+            ("model", config, saved.get("config")),
+            ("data", spec, (saved.get("info") or {}).get("data")),
+        ):
             if json.dumps(now, sort_keys=True) != json.dumps(before, sort_keys=True):
                 raise ValueError(
                     f"--resume: the {what} settings differ from the run in {str(out)!r}: it has {before}, "
                     f"this command asks for {now}; repeat the original command (see run.json) with --resume"
                 )
+        _verify_fingerprint(saved.get("info", {}), fingerprint, checkpoint, "fit --resume", refuse=True)
         before = saved["info"].get("fit") or read_run_file(out).get("fit", {})
         changed = {k: (before[k], _json_number(getattr(args, k))) for k in RUN_FLAGS + STOP_FLAGS if k in before}
         changed = {k: v for k, v in changed.items() if v[0] != v[1]}
@@ -181,7 +297,7 @@ def _fit(args: argparse.Namespace) -> int:
         say(f"resumed {str(out)!r} at epoch {trainer.epoch} (step {trainer.step})" + (f" with {note}" if note else ""))
     if main_process:
         out.mkdir(parents=True, exist_ok=True)
-        run_file = {"data": spec, "config": config, "fit": _plain(vars(args))}
+        run_file = {"data": spec, "data_fingerprint": fingerprint, "config": config, "fit": _plain(vars(args))}
         if resumes:
             run_file["resumes"] = resumes
         write_run_file(out, run_file)
@@ -207,7 +323,7 @@ def _fit(args: argparse.Namespace) -> int:
     if not main_process:
         return 0
     model = trainer.model
-    model_path = save_model(model, out / "model.ckpt", config, info={"data": spec})
+    model_path = save_model(model, out / "model.ckpt", config, info={"data": spec, "data_fingerprint": fingerprint})
     model_file = _write_model_file(model, out)
     epochs = trainer.history.last().get("epoch", trainer.epoch)
     result = {"epochs": epochs, "steps": trainer.step, "train_seconds": round(trainer.elapsed, 2)}
@@ -215,7 +331,13 @@ def _fit(args: argparse.Namespace) -> int:
         result["test"] = evaluate_log_likelihood(
             model.cpu(), data.test, levels=data.levels, draws=10 if data.levels else 1
         )
-    run_file = {"data": spec, "config": config, "fit": _plain(vars(args)), "result": result}
+    run_file = {
+        "data": spec,
+        "data_fingerprint": fingerprint,
+        "config": config,
+        "fit": _plain(vars(args)),
+        "result": result,
+    }
     if resumes:
         run_file["resumes"] = resumes
     write_run_file(out, run_file)
@@ -269,6 +391,17 @@ def _plain(values: dict) -> dict:
     return {k: (str(v) if isinstance(v, Path) else v) for k, v in values.items()}
 
 
+def _check_run_data(args: argparse.Namespace, data, command: str, *, refuse: bool = True) -> None:
+    """Refuse (or with ``--allow-changed-data``, warn) when the run's data changed since it was trained."""
+    from flows.data.dataset import data_fingerprint
+    from flows.train import read_checkpoint_header
+
+    info = read_checkpoint_header(_run_checkpoint(args.run)).get("info") or {}
+    refuse = refuse and not getattr(args, "allow_changed_data", False)
+    how = f"pass --allow-changed-data to {command} on it anyway"
+    _verify_fingerprint(info, data_fingerprint(data), args.run, command, refuse=refuse, how=how)
+
+
 def eval(args: argparse.Namespace) -> int:
     from flows.train.runs import evaluate_log_likelihood, load_run
 
@@ -277,6 +410,7 @@ def eval(args: argparse.Namespace) -> int:
         raise ValueError(
             f"{str(args.run)!r} does not say which data it was trained on; evaluate it with flows.train.runs"
         )
+    _check_run_data(args, data, "eval")
     x = getattr(data, args.split)
     if x is None:
         raise ValueError(f"the data set {data.name!r} has no {args.split} split")
@@ -298,21 +432,54 @@ def sample(args: argparse.Namespace) -> int:
 
     if args.num < 1:
         raise ValueError(f"expected -n/--num >= 1, got {args.num}")
+    base = args.run if args.run.is_dir() else args.run.parent
+    out = args.out or base / "samples.npy"
+    _check_output_file(out, "--out")
+    if out.suffix != ".npy":  # what numpy.save would do silently: say it, and report the real path
+        out = out.with_name(out.name + ".npy")
+    picture = args.picture or out.with_suffix(".png")
+    _check_output_file(out, "--out")
+    _check_output_file(picture, "--picture")
+    _check_picture_format(picture)
     model, data = load_run(args.run)
+    if data is not None:
+        _check_run_data(args, data, "sample", refuse=False)  # samples do not depend on the data: warn only
     torch.manual_seed(args.seed)
     with evaluating(model), torch.no_grad():
         samples = model.sample((args.num,))
-    base = args.run if args.run.is_dir() else args.run.parent
-    out = args.out or base / "samples.npy"
+    finite = torch.isfinite(samples.reshape(len(samples), -1)).all(dim=1)
+    if not bool(finite.all()):
+        print(
+            f"flows sample: warning: {int((~finite).sum())} of {args.num} samples have non-finite values "
+            "(kept in the .npy file, left out of the picture)",
+            file=sys.stderr,
+        )
     out.parent.mkdir(parents=True, exist_ok=True)
-    np.save(out, samples.numpy())
-    picture = args.picture or out.with_suffix(".png")
+    with open(out, "wb") as handle:
+        np.save(handle, samples.numpy())
+    shown = samples[finite]
+    if len(shown) == 0:
+        print(f"wrote {args.num} samples of shape {tuple(samples.shape[1:])} to {out} (no picture: none is finite)")
+        return 0
+    picture.parent.mkdir(parents=True, exist_ok=True)
     if data is not None and data.image_shape is not None:
-        plot_image_grid(samples, picture, image_shape=data.image_shape, title=f"{args.num} samples")
+        plot_image_grid(shown, picture, image_shape=data.image_shape, title=f"{len(shown)} samples")
     else:
-        plot_corner(samples, None if data is None else data.test, picture, title=f"{args.num} samples")
+        plot_corner(shown, None if data is None else data.test, picture, title=f"{len(shown)} samples")
     print(f"wrote {args.num} samples of shape {tuple(samples.shape[1:])} to {out} and a picture to {picture}")
     return 0
+
+
+def _check_picture_format(path: Path) -> None:
+    """The picture's suffix is a format matplotlib writes (checked before sampling, not after)."""
+    from matplotlib.backends.backend_agg import FigureCanvasAgg
+
+    formats = FigureCanvasAgg.get_supported_filetypes()
+    if path.suffix.lstrip(".").lower() not in formats:
+        raise ValueError(
+            f"--picture: expected a file name ending in one of {', '.join('.' + f for f in sorted(formats))}, "
+            f"got {str(path)!r}"
+        )
 
 
 def _layers(transform: torch.nn.Module, prefix: str = "") -> list[tuple[str, torch.nn.Module]]:
@@ -332,7 +499,11 @@ def check(args: argparse.Namespace) -> int:
     from flows.train.runs import load_run
 
     model, data = load_run(args.run, data_dir=args.data_dir)
+    if data is not None:
+        _check_run_data(args, data, "check")
     model = model.double().eval()
+    if args.num < 1:
+        raise ValueError(f"expected --num >= 1, got {args.num}")
     if data is not None:
         source = data.test if data.test is not None else data.train
         x = source[: args.num]

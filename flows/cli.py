@@ -12,22 +12,112 @@
     flows check runs/digits                    # log-det and inverse checks of every layer
     flows models                               # the model builders available
 
-Every command prints ``flows <command>: error: ...`` and exits with a non-zero status on failure
-(2 for bad arguments or inputs, 1 when training diverges, 130 when ``flows fit`` is stopped by
-Ctrl-C or SIGTERM after writing its checkpoint).
+Every error is one line on standard error, ``flows <command>: error: ...``, never a traceback, and
+the exit status says what kind of failure it was (see :data:`EXIT_CODES`, also in ``flows --help``):
+
+* 0: success;
+* 1: the work ran and failed: training diverged (non-finite loss or weights after the guard's
+  retries), or ``flows check`` found a layer that fails its checks;
+* 2: bad arguments or inputs: an option out of range, a missing, unreadable or malformed data
+  file, a damaged checkpoint, an unwritable output path (any OS error), data that changed since
+  the run was trained;
+* 3: an internal error (a bug in flows: please report it; set ``FLOWS_TRACEBACK=1`` to see the
+  traceback);
+* 130: ``flows fit`` was stopped by Ctrl-C or SIGTERM after writing its checkpoint.
+
+Runs record a SHA-256 fingerprint of their data (the values of every split, and the file's bytes
+for file data) in ``run.json`` and in their checkpoints. ``flows eval`` and ``flows check`` refuse
+to score a run on data that no longer matches it (``--allow-changed-data`` scores it anyway, with
+a warning), ``flows fit --resume`` refuses to continue on changed data, and ``flows sample``
+(whose samples do not depend on the data) warns.
 """
 
 from __future__ import annotations
 
 import argparse
 import json
+import math
 import os
 import subprocess
 import sys
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from pathlib import Path
 
-__all__ = ["main"]
+__all__ = ["EXIT_CODES", "main"]
+
+EXIT_CODES = {
+    0: "success",
+    1: "training diverged, or 'flows check' found a failing layer",
+    2: "bad arguments or inputs (out-of-range option, missing/unreadable/malformed data, damaged checkpoint, "
+    "unwritable output, data changed since the run)",
+    3: "internal error (a bug: set FLOWS_TRACEBACK=1 and report the traceback)",
+    130: "'flows fit' stopped by Ctrl-C/SIGTERM after writing its checkpoint (continue with --resume)",
+}
+"""Exit status of the ``flows`` command and its meaning."""
+
+_MAX_SEED = 2**63 - 1
+_MAX_LAYERS = 1000
+_MAX_WIDTH = 1 << 16
+_MAX_DRAWS = 10_000
+
+
+class _Parser(argparse.ArgumentParser):
+    """An argument parser whose errors are one line (``flows fit: error: ...``) with exit status 2."""
+
+    def error(self, message: str) -> None:  # type: ignore[override]
+        self.exit(2, f"{self.prog}: error: {message} (see '{self.prog} --help')\n")
+
+
+def _integer(low: int, high: int | None = None, what: str = "an integer") -> Callable[[str], int]:
+    """An argparse type: an integer in ``[low, high]``, else a one-line "expected ..., got ..." error."""
+
+    def parse(text: str) -> int:
+        try:
+            value = int(text)
+        except ValueError:
+            raise argparse.ArgumentTypeError(f"expected {what}, got {text!r}") from None
+        if value < low or (high is not None and value > high):
+            bound = f">= {low}" if high is None else f"between {low} and {high}"
+            raise argparse.ArgumentTypeError(f"expected {what} {bound}, got {text}")
+        return value
+
+    parse.__name__ = what  # argparse names the type in its messages
+    return parse
+
+
+def _real(
+    low: float | None = None,
+    *,
+    strict: bool = False,
+    high: float | None = None,
+    open_high: bool = False,
+    allow_inf: bool = False,
+) -> Callable[[str], float]:
+    """An argparse type: a finite number (``+inf`` too with ``allow_inf``) above ``low`` and below ``high``.
+
+    ``strict`` excludes ``low`` itself, ``open_high`` excludes ``high``; NaN is always refused.
+    """
+
+    def parse(text: str) -> float:
+        try:
+            value = float(text)
+        except ValueError:
+            raise argparse.ArgumentTypeError(f"expected a number, got {text!r}") from None
+        too_low = low is not None and (value <= low if strict else value < low)
+        too_high = high is not None and (value >= high if open_high else value > high)
+        bad = math.isnan(value) or (math.isinf(value) and not (allow_inf and value > 0))
+        if bad or too_low or too_high:
+            parts = []
+            if low is not None:
+                parts.append(f"{'>' if strict else '>='} {low:g}")
+            if high is not None:
+                parts.append(f"{'<' if open_high else '<='} {high:g}")
+            kind = "a number" if allow_inf else "a finite number"
+            raise argparse.ArgumentTypeError(f"expected {kind} {' and '.join(parts)}, got {text}")
+        return value
+
+    parse.__name__ = "number"
+    return parse
 
 
 def _hidden(text: str) -> list[int]:
@@ -35,15 +125,18 @@ def _hidden(text: str) -> list[int]:
         widths = [int(w) for w in text.split(",") if w.strip()]
     except ValueError as error:
         raise argparse.ArgumentTypeError(f"expected comma-separated integers such as 128,128, got {text!r}") from error
-    if not widths or min(widths) <= 0:
-        raise argparse.ArgumentTypeError(f"expected positive widths such as 128,128, got {text!r}")
+    if not widths or min(widths) <= 0 or max(widths) > _MAX_WIDTH:
+        raise argparse.ArgumentTypeError(
+            f"expected positive widths of at most {_MAX_WIDTH} such as 128,128, got {text!r}"
+        )
     return widths
 
 
 def _option(text: str) -> tuple[str, object]:
-    if "=" not in text:
+    if "=" not in text or not text.split("=", 1)[0].strip():
         raise argparse.ArgumentTypeError(f"expected KEY=VALUE (VALUE as JSON, e.g. clamp=2.0), got {text!r}")
     key, value = text.split("=", 1)
+    key = key.strip()
     try:
         return key, json.loads(value)
     except json.JSONDecodeError:
@@ -53,12 +146,16 @@ def _option(text: str) -> tuple[str, object]:
 def _parser() -> argparse.ArgumentParser:
     from flows.data.dataset import DATASETS
 
-    parser = argparse.ArgumentParser(
+    parser = _Parser(
         prog="flows",
         description=__doc__.split("\n\n")[0].replace("``", ""),
         formatter_class=argparse.RawDescriptionHelpFormatter,
     )
-    parser.epilog = "Run 'flows COMMAND --help' for the options of a command."
+    codes = "\n".join(f"  {code:>3}  {meaning}" for code, meaning in EXIT_CODES.items())
+    parser.epilog = (
+        "Run 'flows COMMAND --help' for the options of a command.\n\n"
+        f"Errors are one line on stderr ('flows COMMAND: error: ...'). Exit status:\n{codes}"
+    )
     sub = parser.add_subparsers(dest="command", metavar="COMMAND")
     sub.required = True
 
@@ -77,16 +174,30 @@ def _parser() -> argparse.ArgumentParser:
     data.add_argument("--data-dir", help="data directory for real data sets (default: $FLOWS_DATA_DIR)")
     data.add_argument("--key", help="array name inside an .npz file")
     data.add_argument(
-        "--levels", type=int, help="integer data with this many levels, to dequantize (e.g. 256 for pixels)"
+        "--levels",
+        type=_integer(2, what="an integer number of levels"),
+        help="integer data with this many levels, to dequantize (e.g. 256 for pixels)",
     )
-    data.add_argument("--val-fraction", type=float, default=0.1, help="validation fraction (default: 0.1)")
-    data.add_argument("--test-fraction", type=float, default=0.2, help="test fraction (default: 0.2)")
+    data.add_argument(
+        "--val-fraction",
+        type=_real(0, strict=True, high=1, open_high=True),
+        default=0.1,
+        help="validation fraction (default: 0.1)",
+    )
+    data.add_argument(
+        "--test-fraction", type=_real(0, high=1, open_high=True), default=0.2, help="test fraction (default: 0.2)"
+    )
     data.add_argument(
         "--no-standardize", action="store_true", help="do not standardise continuous data inside the flow"
     )
     model = fit.add_argument_group("model")
     model.add_argument("--model", default="RealNVP", help="builder name (see 'flows models'; default: RealNVP)")
-    model.add_argument("--transforms", type=int, default=6, help="number of layers (default: 6)")
+    model.add_argument(
+        "--transforms",
+        type=_integer(1, _MAX_LAYERS, "a number of layers"),
+        default=6,
+        help="number of layers (default: 6)",
+    )
     model.add_argument("--hidden", type=_hidden, default=[128, 128], help="hidden widths (default: 128,128)")
     model.add_argument(
         "--option",
@@ -97,12 +208,17 @@ def _parser() -> argparse.ArgumentParser:
         help="extra builder option (repeatable)",
     )
     train = fit.add_argument_group("training")
-    train.add_argument("--epochs", type=int, default=60, help="epochs (default: 60)")
-    train.add_argument("--time-budget", type=float, help="stop after this many seconds of training")
+    train.add_argument("--epochs", type=_integer(1, what="a number of epochs"), default=60, help="epochs (default: 60)")
+    train.add_argument("--time-budget", type=_real(0, strict=True), help="stop after this many seconds of training")
     train.add_argument(
-        "--batch-size", type=int, default=128, help="global batch size over all processes (default: 128)"
+        "--batch-size",
+        type=_integer(1, what="a batch size"),
+        default=128,
+        help="global batch size over all processes (default: 128)",
     )
-    train.add_argument("--lr", type=float, default=2e-3, help="Adam learning rate (default: 2e-3)")
+    train.add_argument(
+        "--lr", type=_real(0, strict=True, allow_inf=True), default=2e-3, help="Adam learning rate (default: 2e-3)"
+    )
     train.add_argument(
         "--schedule",
         choices=("cosine", "plateau", "none"),
@@ -110,32 +226,45 @@ def _parser() -> argparse.ArgumentParser:
         help="learning-rate schedule (default: cosine)",
     )
     train.add_argument(
-        "--clip", type=float, default=0.0, help="clip the global gradient norm to this value, 0 for none (default: 0)"
+        "--clip",
+        type=_real(0),
+        default=0.0,
+        help="clip the global gradient norm to this value, 0 for none (default: 0)",
     )
     train.add_argument(
         "--patience",
-        type=int,
+        type=_integer(0, what="a number of epochs"),
         default=10,
         help="stop after this many epochs without a better validation loss, 0 to never stop early; either way the "
         "saved model has the best epoch's weights (default: 10)",
     )
     train.add_argument(
-        "--seed", type=int, default=0, help="seed of the model, the shuffling and the splits (default: 0)"
+        "--seed",
+        type=_integer(0, _MAX_SEED, "a seed"),
+        default=0,
+        help="seed of the model, the shuffling and the splits (default: 0)",
     )
     train.add_argument(
         "--threads",
-        type=int,
+        type=_integer(1, os.cpu_count() or 1, "a number of threads"),
         default=1,
         help="torch CPU threads per process (default: 1; small flows gain little from more, and a busy "
         "machine makes extra threads much slower; use --nproc for parallel training)",
     )
-    train.add_argument("--nproc", type=int, default=1, help="processes for data-parallel training (default: 1)")
+    train.add_argument(
+        "--nproc",
+        type=_integer(1, 1024, "a number of processes"),
+        default=1,
+        help="processes for data-parallel training (default: 1)",
+    )
     train.add_argument(
         "--compile",
         action="store_true",
         help="run the loss under torch.compile (needs a C++ compiler; pays off for runs of minutes)",
     )
-    train.add_argument("--checkpoint-every", type=float, default=30.0, help="seconds between checkpoints (default: 30)")
+    train.add_argument(
+        "--checkpoint-every", type=_real(0), default=30.0, help="seconds between checkpoints (default: 30)"
+    )
     output = fit.add_argument_group("output")
     output.add_argument("--out", type=Path, help="run directory (default: runs/<data name>)")
     output.add_argument(
@@ -152,22 +281,44 @@ def _parser() -> argparse.ArgumentParser:
     ev = sub.add_parser("eval", help="test log-likelihood (and bits/dim) of a trained run")
     ev.add_argument("run", type=Path, help="run directory or model.ckpt")
     ev.add_argument("--split", choices=("test", "val", "train"), default="test")
-    ev.add_argument("--draws", type=int, default=10, help="dequantization draws for integer data (default: 10)")
+    ev.add_argument(
+        "--draws",
+        type=_integer(1, _MAX_DRAWS, "a number of draws"),
+        default=10,
+        help="dequantization draws for integer data (default: 10)",
+    )
     ev.add_argument("--data-dir", help="data directory for real data sets")
     ev.add_argument("--json", action="store_true", help="print the result as JSON")
+    ev.add_argument(
+        "--allow-changed-data",
+        action="store_true",
+        help="evaluate even if the data no longer matches the run's recorded fingerprint (warns)",
+    )
 
     sample = sub.add_parser("sample", help="draw samples to .npy and a picture")
     sample.add_argument("run", type=Path, help="run directory or model.ckpt")
-    sample.add_argument("-n", "--num", type=int, default=64, help="number of samples (default: 64)")
+    sample.add_argument(
+        "-n", "--num", type=_integer(1, what="a number of samples"), default=64, help="number of samples (default: 64)"
+    )
     sample.add_argument("--out", type=Path, help="output .npy file (default: <run>/samples.npy)")
     sample.add_argument("--picture", type=Path, help="output picture (default: the .npy path with .png)")
-    sample.add_argument("--seed", type=int, default=0)
+    sample.add_argument("--seed", type=_integer(0, _MAX_SEED, "a seed"), default=0, help="seed (default: 0)")
 
     check = sub.add_parser("check", help="run flows.testing.check_bijection on every layer of a trained model")
     check.add_argument("run", type=Path, help="run directory or model.ckpt")
-    check.add_argument("--num", type=int, default=3, help="test points to check on (default: 3)")
-    check.add_argument("--atol", type=float, default=1e-6, help="tolerance in float64 (default: 1e-6)")
+    check.add_argument(
+        "--num",
+        type=_integer(1, what="a number of test points"),
+        default=3,
+        help="test points to check on (default: 3)",
+    )
+    check.add_argument("--atol", type=_real(0, strict=True), default=1e-6, help="tolerance in float64 (default: 1e-6)")
     check.add_argument("--data-dir", help="data directory for real data sets")
+    check.add_argument(
+        "--allow-changed-data",
+        action="store_true",
+        help="check on the data even if it no longer matches the run's recorded fingerprint (warns)",
+    )
 
     sub.add_parser("models", help="list the model builders that --model accepts")
     return parser
@@ -217,11 +368,51 @@ def main(argv: Sequence[str] | None = None) -> int:
 
         return getattr(commands, args.command)(args)
     except TrainingDiverged as error:
-        print(f"flows {args.command}: error: {error}", file=sys.stderr)
-        return 1
-    except (ValueError, TypeError, FileNotFoundError, CheckpointError, ImportError, RuntimeError) as error:
-        print(f"flows {args.command}: error: {error}", file=sys.stderr)
-        return 2
+        return _fail(args.command, error, 1)
+    except (ValueError, TypeError, CheckpointError, ImportError, RuntimeError, MemoryError) as error:
+        return _fail(args.command, error, 2)
+    except OSError as error:  # missing, unreadable or unwritable files and directories, full disks
+        return _fail(args.command, _os_error(error), 2)
+    except KeyboardInterrupt:
+        print(f"flows {args.command}: interrupted", file=sys.stderr)
+        return 130
+    except Exception as error:  # a bug: still one line, with a way to see the traceback
+        if os.environ.get("FLOWS_TRACEBACK"):
+            raise
+        return _fail(
+            args.command,
+            f"internal error ({type(error).__name__}: {_one_line(str(error))}); "
+            "set FLOWS_TRACEBACK=1 to see the traceback and please report it",
+            3,
+        )
+
+
+def _one_line(text: str) -> str:
+    lines = [line.strip() for line in str(text).splitlines() if line.strip()]
+    return " ".join(lines) if len(lines) <= 3 else " ".join(lines[:3]) + " ..."
+
+
+def _os_error(error: OSError) -> str:
+    """``'PATH': reason`` for an OS error (``[Errno 13] Permission denied: 'x'`` becomes ``'x': permission denied``)."""
+    if error.filename is None or not error.strerror:
+        return str(error)
+    where = repr(str(error.filename))
+    if error.filename2 is not None:
+        where += f" -> {str(error.filename2)!r}"
+    reason = error.strerror[0].lower() + error.strerror[1:]
+    return f"{where}: {reason}"
+
+
+def _fail(command: str, error: BaseException | str, code: int) -> int:
+    if os.environ.get("FLOWS_TRACEBACK") and isinstance(error, BaseException):
+        import traceback
+
+        traceback.print_exception(error)
+    message = error if isinstance(error, str) else str(error)
+    if isinstance(error, MemoryError):
+        message = f"out of memory ({message or 'MemoryError'}); try smaller sizes"
+    print(f"flows {command}: error: {_one_line(message)}", file=sys.stderr)
+    return code
 
 
 if __name__ == "__main__":

@@ -43,7 +43,8 @@ def test_user_files(tmp_path: Path) -> None:
         load_csv(tmp_path / "bad.csv")
     (tmp_path / "nan.csv").write_text("1,2\nnan,3\n")
     with pytest.raises(
-        ValueError, match=r"expected finite values, got 1 NaN/Inf/missing value\(s\), the first at \(1, 0\)"
+        ValueError,
+        match=r"nan.csv: expected finite values, got 1 NaN/Inf/missing value\(s\), the first at line 2, column 1",
     ):
         load_csv(tmp_path / "nan.csv")
 
@@ -61,8 +62,10 @@ def test_user_files(tmp_path: Path) -> None:
     assert data.image_shape == (3, 5) and data.train.shape[1:] == (15,) and data.train.dtype == torch.int64
     with pytest.raises(ValueError, match=r"expected integers in 0\.\.2 with levels=3"):
         load_dataset(tmp_path / "images.npy", levels=3)
-    with pytest.raises(ValueError, match=r"unknown data set 'nowhere\.csv'"):
+    with pytest.raises(FileNotFoundError, match=r"no such data file: 'nowhere\.csv'"):
         load_dataset("nowhere.csv")
+    with pytest.raises(ValueError, match=r"unknown data set 'nowhere'"):
+        load_dataset("nowhere")
     with pytest.raises(ValueError, match=r"expected a \.csv, \.npy or \.npz file"):
         (tmp_path / "x.txt").write_text("1")
         load_array(tmp_path / "x.txt")

@@ -1,6 +1,6 @@
 """Datasets and preprocessing: embedded defaults, files from a data directory, dequantization."""
 
-from flows.data.dataset import DATASETS, Dataset, load_dataset, split_data
+from flows.data.dataset import DATASETS, Dataset, data_fingerprint, load_dataset, split_data
 from flows.data.dequantization import VariationalDequantizer, uniform_dequantize
 from flows.data.digits import DIGITS_LEVELS, load_digits
 from flows.data.files import KNOWN_FILES, data_dir, data_file, download
@@ -21,6 +21,7 @@ __all__ = [
     "VariationalDequantizer",
     "data_dir",
     "data_file",
+    "data_fingerprint",
     "download",
     "load_array",
     "load_csv",

@@ -18,6 +18,7 @@ the same splits (``flows fit`` records them in the run directory).
 
 from __future__ import annotations
 
+import hashlib
 import math
 import os
 from dataclasses import dataclass
@@ -31,7 +32,7 @@ from flows.data.digits import DIGITS_LEVELS, load_digits
 from flows.data.mnist import MNIST_LEVELS, load_mnist
 from flows.data.tabular import SKLEARN_TABLES, load_array, load_miniboone, load_sklearn_table
 
-__all__ = ["DATASETS", "Dataset", "load_dataset", "split_data"]
+__all__ = ["DATASETS", "Dataset", "data_fingerprint", "load_dataset", "split_data"]
 
 DATASETS = ("digits", *SKLEARN_TABLES, "moons", "circles", "miniboone", "mnist")
 """Names :func:`load_dataset` knows (any other argument is treated as a file path)."""
@@ -50,6 +51,7 @@ class Dataset:
         image_shape: ``(H, W)`` or ``(C, H, W)`` when the samples are images, stored flat as vectors
             (for pictures, and for image models to reshape).
         note: a caveat to show users (e.g. "not comparable to published numbers").
+        source: the file it was read from (``None`` for built-in data sets).
     """
 
     name: str
@@ -59,6 +61,7 @@ class Dataset:
     levels: int | None = None
     image_shape: tuple[int, ...] | None = None
     note: str = ""
+    source: str | None = None
 
     @property
     def event_shape(self) -> tuple[int, ...]:
@@ -78,6 +81,35 @@ class Dataset:
         levels = f", {self.levels} levels (dequantized)" if self.levels else ""
         note = f"; {self.note}" if self.note else ""
         return f"{self.name}: {sizes}, {self.features} dimensions{levels}{note}"
+
+
+def data_fingerprint(data: Dataset) -> dict[str, str]:
+    """SHA-256 fingerprints of a data set, to notice when the data under a run changes.
+
+    ``sha256`` covers the values of every split (for each of train, val, test: its name, dtype,
+    shape and bytes), so it changes with the data and with the split settings, and not with how a
+    file is formatted. For data read from a file, ``file_sha256`` is the digest of the file's bytes
+    and ``file`` its path. ``flows fit`` records these in ``run.json`` and in its checkpoints.
+
+    Example:
+        >>> a, b = load_dataset("iris"), load_dataset("iris", seed=1)
+        >>> data_fingerprint(a) == data_fingerprint(load_dataset("iris")), data_fingerprint(a) == data_fingerprint(b)
+        (True, False)
+    """
+    digest = hashlib.sha256()
+    for name, split in (("train", data.train), ("val", data.val), ("test", data.test)):
+        if split is None:
+            digest.update(f"{name}:none;".encode())
+            continue
+        array = split.detach().cpu().contiguous().numpy()
+        digest.update(f"{name}:{array.dtype.str}:{array.shape};".encode())
+        digest.update(memoryview(array).cast("B"))
+    result = {"sha256": digest.hexdigest()}
+    if data.source is not None and Path(data.source).is_file():
+        from flows.data.files import sha256sum
+
+        result.update(file=data.source, file_sha256=sha256sum(data.source))
+    return result
 
 
 def split_data(data: Tensor, fractions: tuple[float, ...], seed: int = 0) -> list[Tensor]:
@@ -141,6 +173,44 @@ def load_dataset(
         'iris: 105 train / 15 val / 30 test, 4 dimensions'
     """
     text = str(name)
+    if text in DATASETS and (key is not None or levels is not None):
+        raise ValueError(
+            f"load_dataset: key= and levels= apply to data files, got key={key!r}, levels={levels!r} for the "
+            f"named data set {text!r}"
+        )
+    for what, value in (("val_fraction", val_fraction), ("test_fraction", test_fraction)):
+        if not isinstance(value, (int, float)) or not 0 <= value < 1:
+            raise ValueError(f"load_dataset: expected {what} in [0, 1), got {value!r}")
+    return _checked(_load(text, data_dir, key, levels, val_fraction, test_fraction, seed), val_fraction)
+
+
+def _checked(data: Dataset, val_fraction: float) -> Dataset:
+    """Splits that a trainer can use: at least two training rows, a validation row, no empty test split."""
+    if len(data.train) < 2:
+        raise ValueError(
+            f"{data.name}: expected at least 2 training rows after the splits, got {len(data.train)}; "
+            "use more data or smaller val/test fractions"
+        )
+    if data.val is not None and len(data.val) == 0:
+        raise ValueError(
+            f"{data.name}: expected a validation split with at least one row, got none (val_fraction="
+            f"{val_fraction:g} of {len(data.train)} rows); use val_fraction > 0 (flows fit --val-fraction) "
+            "or more data"
+        )
+    if data.test is not None and len(data.test) == 0:
+        data.test = None  # test_fraction=0: no test split
+    return data
+
+
+def _load(
+    text: str,
+    data_dir: str | os.PathLike | None,
+    key: str | None,
+    levels: int | None,
+    val_fraction: float,
+    test_fraction: float,
+    seed: int,
+) -> Dataset:
     if text == "digits":
         train, test = load_digits(test_size=test_fraction, seed=seed)
         train, val = split_data(train, (val_fraction,), seed)
@@ -159,7 +229,11 @@ def load_dataset(
         train, val, test = split_data(data, (val_fraction, test_fraction), seed)
         return Dataset(text, train, val, test)
     path = Path(text)
+    if path.is_dir():
+        raise IsADirectoryError(f"expected a data set name or a data file, got the directory {text!r}")
     if not path.is_file():
+        if path.suffix.lower() in (".csv", ".npy", ".npz") or os.sep in text:
+            raise FileNotFoundError(f"no such data file: {text!r}")
         raise ValueError(f"unknown data set {text!r}: expected one of {DATASETS} or a path to a .csv/.npy/.npz file")
     loaded: Any = load_array(path, key)
     if isinstance(loaded, dict):
@@ -179,10 +253,14 @@ def load_dataset(
         if not isinstance(levels, int) or levels < 2:
             raise ValueError(f"load_dataset: expected levels to be an int >= 2, got {levels!r}")
         for t in (train, val, test):
-            if t is not None and (bool((t != t.round()).any()) or float(t.min()) < 0 or float(t.max()) > levels - 1):
+            if (
+                t is not None
+                and t.numel()
+                and (bool((t != t.round()).any()) or float(t.min()) < 0 or float(t.max()) > levels - 1)
+            ):
                 raise ValueError(f"load_dataset: expected integers in 0..{levels - 1} with levels={levels}")
         train, val, test = (None if t is None else t.to(torch.int64) for t in (train, val, test))
     image_shape = tuple(train.shape[1:]) if train.dim() >= 3 else None
     if image_shape is not None:  # vector flows see flat events; the shape is kept for pictures
         train, val, test = (None if t is None else t.reshape(len(t), -1) for t in (train, val, test))
-    return Dataset(path.name, train, val, test, levels=levels, image_shape=image_shape)
+    return Dataset(path.name, train, val, test, levels=levels, image_shape=image_shape, source=str(path))

@@ -6,12 +6,16 @@ File layout (one file)::
 
 * the **header** is plain JSON: format version, kind (``"training"`` or ``"model"``), the model
   config that rebuilds the model (:mod:`flows.train.config`), library versions and free-form info.
-  It can be read without touching the payload (:func:`read_checkpoint_header`);
+  It is parsed only after the whole file has passed its checksum (:func:`read_checkpoint_header`);
 * the **payload** is a ``torch.save`` archive of tensors and plain containers only (state dicts,
   optimizer and scheduler state, random generator states, counters). It is read with
   ``torch.load(weights_only=True)``, which refuses to construct arbitrary objects, and only after
 * the trailing **SHA-256 of everything before it** has been verified, so a truncated, tampered or
   half-written file is rejected with a :class:`CheckpointError` before any unpickling starts.
+
+Every length field is bounded by the file's size before anything is allocated, the checksum is
+verified before the header is parsed, and :func:`check_training_state` names what a training
+state lacks (``state["optimizer"]`` of a hand-edited checkpoint) instead of a ``KeyError``.
 
 Files are written atomically (temporary file, ``fsync``, rename): a process killed in the middle
 of a save leaves the previous checkpoint intact.
@@ -40,6 +44,7 @@ __all__ = [
     "Checkpoint",
     "CheckpointError",
     "capture_rng_state",
+    "check_training_state",
     "load_checkpoint",
     "load_model",
     "read_checkpoint_header",
@@ -122,25 +127,101 @@ def save_checkpoint(
     return atomic_write_bytes(path, body + hashlib.sha256(body).digest())
 
 
-def _read(path: str | os.PathLike) -> tuple[dict[str, Any], bytes]:
-    path = Path(path)
-    if not path.is_file():
-        raise FileNotFoundError(f"no checkpoint at {str(path)!r}")
-    data = path.read_bytes()
-    if not data.startswith(MAGIC):
+TRAINING_ENTRIES: dict[str, tuple[str, ...]] = {
+    "trainer": ("epoch", "epoch_step", "step", "elapsed", "epoch_sums", "epoch_count"),
+    "model": (),
+    "optimizer": ("state", "param_groups"),
+    "scheduler": (),
+    "guard": (),
+    "callbacks": (),
+    "history": ("records", "events"),
+    "rng": ("torch", "numpy", "python"),
+}
+"""Entries a :class:`~flows.train.Trainer` state must have (and the entries each must have) to resume."""
+
+
+def check_training_state(state: dict[str, Any], path: str | os.PathLike = "<state>") -> None:
+    """Refuse a training state that lacks what resuming reads, naming the file and the missing entries.
+
+    A checkpoint that passed its checksum can still have been written by other code or crafted:
+    this turns what would be a ``KeyError`` deep inside a resume into one clear error.
+
+    Raises:
+        CheckpointError: naming the missing or mistyped entries.
+    """
+    missing = [key for key in TRAINING_ENTRIES if key not in state]
+    if missing:
         raise CheckpointError(
-            f"{str(path)!r} is not a flows checkpoint (it does not start with the flows header); "
-            "plain pickle or torch.save files are refused on purpose, since loading them can run code"
+            f"checkpoint {str(path)!r}: expected a training state with {list(TRAINING_ENTRIES)}, it lacks {missing} "
+            "(the file was edited or not written by flows.train.Trainer)"
         )
+    for key, entries in TRAINING_ENTRIES.items():
+        value = state[key]
+        kind = list if key == "callbacks" else dict
+        if value is None and key in ("scheduler", "guard"):  # a run without a scheduler or guard
+            continue
+        if not isinstance(value, kind):
+            raise CheckpointError(
+                f"checkpoint {str(path)!r}: expected state[{key!r}] to be a {kind.__name__}, got {type(value).__name__}"
+            )
+        lacking = [entry for entry in entries if entry not in value]
+        if lacking:
+            raise CheckpointError(
+                f"checkpoint {str(path)!r}: expected state[{key!r}] to have {list(entries)}, it lacks {lacking}"
+            )
+
+
+def _read(path: str | os.PathLike, *, payload: bool) -> tuple[dict[str, Any], bytes]:
+    """Check the layout, the size fields and the SHA-256 of a checkpoint, then parse its header.
+
+    Every length in the file is bounded by the file's size before anything is read, the file is
+    read in chunks, and the checksum is verified before the header is parsed (so no field of a
+    damaged or tampered file is trusted). Returns the header and, with ``payload``, the payload bytes.
+    """
+    path = Path(path)
+    if not path.exists():
+        raise FileNotFoundError(f"no checkpoint at {str(path)!r}")
+    if not path.is_file():
+        raise CheckpointError(f"expected a checkpoint file, got {str(path)!r}, which is not a regular file")
     start = len(MAGIC) + 8
-    if len(data) < start + _DIGEST:
-        raise CheckpointError(f"checkpoint {str(path)!r} is truncated ({len(data)} bytes)")
-    header_length = int.from_bytes(data[len(MAGIC) : start], "little")
-    if start + header_length + _DIGEST > len(data):
-        raise CheckpointError(f"checkpoint {str(path)!r} is truncated: its header claims more bytes than the file has")
+    with open(path, "rb") as handle:
+        size = os.fstat(handle.fileno()).st_size
+        prefix = handle.read(start)
+        if not prefix.startswith(MAGIC):
+            raise CheckpointError(
+                f"{str(path)!r} is not a flows checkpoint (it does not start with the flows header); "
+                "plain pickle or torch.save files are refused on purpose, since loading them can run code"
+            )
+        if size < start + _DIGEST or len(prefix) < start:
+            raise CheckpointError(f"checkpoint {str(path)!r} is truncated ({size} bytes)")
+        header_length = int.from_bytes(prefix[len(MAGIC) :], "little")
+        room = size - start - _DIGEST
+        if header_length > room:
+            raise CheckpointError(
+                f"checkpoint {str(path)!r} is truncated or corrupt: expected a header of at most {room} bytes "
+                f"(the file has {size}), got a header length of {header_length}"
+            )
+        digest = hashlib.sha256(prefix)
+        remaining = size - start - _DIGEST
+        header_bytes, chunks = b"", []
+        while remaining > 0:
+            block = handle.read(min(remaining, 1 << 20))
+            if not block:
+                break
+            digest.update(block)
+            chunks.append(block)
+            remaining -= len(block)
+        stored = handle.read(_DIGEST)
+    if remaining or len(stored) != _DIGEST or digest.digest() != stored:
+        raise CheckpointError(
+            f"checkpoint {str(path)!r} failed its SHA-256 check: the file is truncated, corrupted or was modified"
+        )
+    rest = b"".join(chunks)
+    del chunks
+    header_bytes = rest[:header_length]
     try:
-        header = json.loads(data[start : start + header_length].decode("utf-8"))
-    except (UnicodeDecodeError, json.JSONDecodeError) as error:
+        header = json.loads(header_bytes.decode("utf-8"))
+    except (UnicodeDecodeError, json.JSONDecodeError, RecursionError) as error:
         raise CheckpointError(f"checkpoint {str(path)!r} has a corrupt header: {error}") from error
     if not isinstance(header, dict) or header.get("format") != "flows-checkpoint":
         raise CheckpointError(f"checkpoint {str(path)!r} has an unrecognised header")
@@ -149,17 +230,21 @@ def _read(path: str | os.PathLike) -> tuple[dict[str, Any], bytes]:
             f"checkpoint {str(path)!r} has format version {header.get('version')!r}; this flows reads version "
             f"{FORMAT_VERSION}"
         )
-    return header, data
+    if header.get("info") is not None and not isinstance(header.get("info"), dict):
+        raise CheckpointError(f"checkpoint {str(path)!r}: expected a dict 'info' in its header, got {header['info']!r}")
+    return header, (rest[header_length:] if payload else b"")
 
 
 def read_checkpoint_header(path: str | os.PathLike) -> dict[str, Any]:
-    """The JSON header of a checkpoint (kind, config, versions, info), without reading the payload.
+    """The JSON header of a checkpoint (kind, config, versions, info), without unpickling the payload.
+
+    The whole file is read once to verify its SHA-256 before the header is trusted.
 
     Raises:
         FileNotFoundError: if the file does not exist.
         CheckpointError: if it is not a flows checkpoint or its header is damaged.
     """
-    return _read(path)[0]
+    return _read(path, payload=False)[0]
 
 
 def load_checkpoint(path: str | os.PathLike, *, map_location: str | torch.device | None = "cpu") -> Checkpoint:
@@ -173,16 +258,12 @@ def load_checkpoint(path: str | os.PathLike, *, map_location: str | torch.device
         CheckpointError: if it is not a flows checkpoint, is truncated, fails its checksum or holds
             objects other than tensors and plain containers.
     """
-    header, data = _read(path)
-    body, digest = data[:-_DIGEST], data[-_DIGEST:]
-    if hashlib.sha256(body).digest() != digest:
-        raise CheckpointError(
-            f"checkpoint {str(path)!r} failed its SHA-256 check: the file is truncated, corrupted or was modified"
-        )
-    start = len(MAGIC) + 8 + int.from_bytes(data[len(MAGIC) : len(MAGIC) + 8], "little")
-    payload = body[start:]
+    header, payload = _read(path, payload=True)
     if len(payload) != header.get("payload_bytes"):
-        raise CheckpointError(f"checkpoint {str(path)!r}: payload size does not match its header")
+        raise CheckpointError(
+            f"checkpoint {str(path)!r}: expected a payload of {header.get('payload_bytes')!r} bytes (its header), "
+            f"got {len(payload)}"
+        )
     try:
         state = torch.load(io.BytesIO(payload), map_location=map_location, weights_only=True)
     except (pickle.UnpicklingError, RuntimeError, AttributeError, TypeError, ValueError, EOFError) as error:
@@ -226,6 +307,11 @@ def load_model(path: str | os.PathLike, *, map_location: str | torch.device | No
         raise CheckpointError(
             f"checkpoint {str(path)!r} has no model config; build the model yourself and call "
             "model.load_state_dict(load_checkpoint(path).state['model'])"
+        )
+    if not isinstance(checkpoint.state.get("model"), dict):
+        raise CheckpointError(
+            f"checkpoint {str(path)!r}: expected the model's weights under 'model', it has "
+            f"{sorted(map(str, checkpoint.state))}"
         )
     try:
         model = build_model(checkpoint.config)

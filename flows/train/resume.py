@@ -16,6 +16,7 @@ from flows.train._lock import hold_run_lock
 from flows.train.checkpoint import (
     CheckpointError,
     capture_rng_state,
+    check_training_state,
     load_checkpoint,
     restore_rng_state,
     save_checkpoint,
@@ -111,6 +112,7 @@ def resume_trainer(trainer: Trainer, path: str | os.PathLike | None = None) -> N
     checkpoint = load_checkpoint(path, map_location=trainer.device)
     if checkpoint.header.get("kind") != "training":
         raise CheckpointError(f"{str(path)!r} is a {checkpoint.header.get('kind')!r} checkpoint, not a training one")
+    check_training_state(checkpoint.state, path)
     load_trainer_state(trainer, checkpoint.state)
 
 
