@@ -163,6 +163,7 @@ def fit(args: argparse.Namespace) -> int:
     distributed = "LOCAL_RANK" in os.environ and int(os.environ.get("WORLD_SIZE", "1")) > 1
     if distributed and int(os.environ["RANK"]) != 0:
         return _fit(args)
+    _check_writable_directory(out, "--out")  # before the lock file creates the directory
     created = not out.exists()
     try:
         with hold_run_lock(out / "checkpoint.ckpt"):
