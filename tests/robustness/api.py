@@ -40,7 +40,8 @@ def _poisoned_rows_check(reference: tuple[Tensor, Tensor], value: float, finite_
         z_ref, ladj_ref = reference
         keep = [i for i in range(BATCH) if i != BAD_ROW]
         if z.shape != z_ref.shape or ladj.shape != ladj_ref.shape:
-            return f"expected shapes {tuple(z_ref.shape)}/{tuple(ladj_ref.shape)}, got {tuple(z.shape)}/{tuple(ladj.shape)}"
+            expected = f"{tuple(z_ref.shape)}/{tuple(ladj_ref.shape)}"
+            return f"expected shapes {expected}, got {tuple(z.shape)}/{tuple(ladj.shape)}"
         if not (_same(z[keep], z_ref[keep]) and _same(ladj[keep], ladj_ref[keep])):
             return f"the clean rows changed when row {BAD_ROW} held {value}"
         bad_z, bad_ladj = z[BAD_ROW], ladj[BAD_ROW]
@@ -108,7 +109,9 @@ def _transform_attacks(name: str, context: int, event_shape: tuple[int, ...]) ->
             def check(result) -> str | None:
                 z, ladj = result
                 if z.shape[0] != 0 or ladj.shape != (0,):
-                    return f"expected an empty output (0, ...) and ladj (0,), got {tuple(z.shape)} and {tuple(ladj.shape)}"
+                    return (
+                        f"expected an empty output (0, ...) and ladj (0,), got {tuple(z.shape)} and {tuple(ladj.shape)}"
+                    )
                 if len(z.shape) != 1 + len(shape_out):
                     return f"expected output of rank {1 + len(shape_out)}, got {tuple(z.shape)}"
                 return None
@@ -127,7 +130,9 @@ def _transform_attacks(name: str, context: int, event_shape: tuple[int, ...]) ->
             new = 1 if size_one else n + 1
             bad = torch.cat([x, x[:, :1]], dim=1) if new > n else x[:, :1].contiguous()
             with torch.no_grad():
-                return expect_clear(lambda: _fused(t, direction)(bad, c), accepted=f"accepted an event axis of size {new}")
+                return expect_clear(
+                    lambda: _fused(t, direction)(bad, c), accepted=f"accepted an event axis of size {new}"
+                )
 
         add(f"{direction}-wrong-event-size", wrong_event)
         add(f"{direction}-broadcastable-event", functools.partial(wrong_event, size_one=True))
@@ -137,7 +142,9 @@ def _transform_attacks(name: str, context: int, event_shape: tuple[int, ...]) ->
             x, c = _side_inputs(case, t, direction)
             bad = x[0].reshape(-1)[: max(1, x[0].numel() - 1)] if x.dim() == 2 else x[0, 0]
             with torch.no_grad():
-                return expect_clear(lambda: _fused(t, direction)(bad, c), accepted="accepted an input missing event axes")
+                return expect_clear(
+                    lambda: _fused(t, direction)(bad, c), accepted="accepted an input missing event axes"
+                )
 
         add(f"{direction}-missing-event-axis", missing_batch)
 
@@ -204,9 +211,11 @@ def _transform_attacks(name: str, context: int, event_shape: tuple[int, ...]) ->
                     reference = t.forward_and_log_det(x, same)
                     return expect_right_or_clear(
                         lambda: t.forward_and_log_det(x, bad),
-                        lambda r: None
-                        if _same(r[0], reference[0]) and _same(r[1], reference[1])
-                        else f"a {kind} context gave a different result from its explicit form",
+                        lambda r: (
+                            None
+                            if _same(r[0], reference[0]) and _same(r[1], reference[1])
+                            else f"a {kind} context gave a different result from its explicit form"
+                        ),
                     )
             bad = {"missing": None, "wrong-width": torch.cat([c, c[:, :1]], dim=-1), "batch-mismatch": c[:-1]}[kind]
             with torch.no_grad():
@@ -223,7 +232,9 @@ def _transform_attacks(name: str, context: int, event_shape: tuple[int, ...]) ->
                 reference = t.forward_and_log_det(x)
             return expect_right_or_clear(
                 lambda: t.forward_and_log_det(x, torch.randn(BATCH, 2, dtype=x.dtype)),
-                lambda r: None if _same(r[0], reference[0]) and _same(r[1], reference[1]) else "a context changed the output",
+                lambda r: (
+                    None if _same(r[0], reference[0]) and _same(r[1], reference[1]) else "a context changed the output"
+                ),
             )
 
         add("context-unexpected", unexpected_context)
@@ -316,8 +327,10 @@ def _builder_attacks() -> list[Attack]:
 
             def ctor(value=value, name=name, first=first) -> Result:
                 cls = _builders()[name]
-                args, kwargs = _BUILDER_ARGS.get(name, ((3,), dict(_SMALL)))
-                return expect_clear(lambda: cls(value, **kwargs), names=(first,), accepted=f"built with {first}={value!r}")
+                kwargs = _BUILDER_ARGS.get(name, ((3,), dict(_SMALL)))[1]
+                return expect_clear(
+                    lambda: cls(value, **kwargs), names=(first,), accepted=f"built with {first}={value!r}"
+                )
 
             add(f"construct-{first}-{label}", ctor)
         for option, values in (("context", (-1,)), ("transforms", (0, -1)), ("hidden", ((0,), (-1,)))):
@@ -328,9 +341,8 @@ def _builder_attacks() -> list[Attack]:
                 def ctor_option(option=option, value=value, name=name) -> Result:
                     def call():
                         if option == "context":
-                            return _build(name, 0, context=value) if False else _builders()[name](
-                                *_BUILDER_ARGS.get(name, ((3,), {}))[0], value, **_BUILDER_ARGS.get(name, ((3,), dict(_SMALL)))[1]
-                            )
+                            args, kwargs = _BUILDER_ARGS.get(name, ((3,), dict(_SMALL)))
+                            return _builders()[name](*args, value, **kwargs)
                         return _build(name, **{option: value})
 
                     if value == 0 and option in ("transforms", "steps"):
@@ -338,7 +350,11 @@ def _builder_attacks() -> list[Attack]:
                         def check(model) -> str | None:  # zero layers: the flow is its base distribution
                             x, _ = _data(model.double())
                             lp = model.log_prob(x)
-                            return None if bool(torch.isfinite(lp).all()) else "a flow without layers gave non-finite log_prob"
+                            return (
+                                None
+                                if bool(torch.isfinite(lp).all())
+                                else "a flow without layers gave non-finite log_prob"
+                            )
 
                         return expect_right_or_clear(call, check, names=(option,))
                     return expect_clear(call, names=(option,), accepted=f"built with {option}={value!r}")
@@ -356,7 +372,9 @@ def _builder_attacks() -> list[Attack]:
                         x0, c0 = _data(model, (0,), context)
                         return expect_right_or_clear(
                             lambda: model.log_prob(x0, context=c0),
-                            lambda lp: None if lp.shape == (0,) else f"expected log_prob of shape (0,), got {tuple(lp.shape)}",
+                            lambda lp: (
+                                None if lp.shape == (0,) else f"expected log_prob of shape (0,), got {tuple(lp.shape)}"
+                            ),
                         )
                     if kind in ("nan-row", "inf-row"):
                         bad = x.clone()
@@ -378,9 +396,11 @@ def _builder_attacks() -> list[Attack]:
                     if kind == "int":
                         return expect_right_or_clear(
                             lambda: model.log_prob((x * 2).round().long(), context=c),
-                            lambda lp: None
-                            if _same(lp, model.log_prob((x * 2).round().double(), context=c))
-                            else "integer input gave a different log_prob",
+                            lambda lp: (
+                                None
+                                if _same(lp, model.log_prob((x * 2).round().double(), context=c))
+                                else "integer input gave a different log_prob"
+                            ),
                         )
                     if kind == "sample-empty":
                         c0 = None if not context else torch.randn(0, context, dtype=torch.float64)
@@ -405,10 +425,14 @@ def _builder_attacks() -> list[Attack]:
                     return expect_clear(lambda: model.log_prob(x, context=bad_context))
 
             kinds = ["empty", "nan-row", "inf-row", "wrong-event", "int", "sample-empty"]
-            kinds += ["context-missing", "context-wrong-width", "context-batch-mismatch"] if context else [
-                "sample-negative",
-                "context-unexpected",
-            ]
+            kinds += (
+                ["context-missing", "context-wrong-width", "context-batch-mismatch"]
+                if context
+                else [
+                    "sample-negative",
+                    "context-unexpected",
+                ]
+            )
             for kind in kinds:
                 add(f"{tag}{kind}", functools.partial(log_prob_attack, kind))
     return out
@@ -494,13 +518,25 @@ def _target_attacks() -> list[Attack]:
                 reference = target.log_prob(x)
                 return expect_right_or_clear(
                     lambda: target.log_prob(x.double()),
-                    lambda lp: None
-                    if lp.dtype == torch.float64 and _same(lp, reference, 1e-4)
-                    else f"float64 input gave {lp.dtype} values {lp.tolist()} (float32: {reference.tolist()})",
+                    lambda lp: (
+                        None
+                        if lp.dtype == torch.float64 and _same(lp, reference, 1e-4)
+                        else f"float64 input gave {lp.dtype} values {lp.tolist()} (float32: {reference.tolist()})"
+                    ),
                 )
             raise AssertionError(kind)
 
-        for kind in ("construct", "huge-row", "minus-huge-row", "nan-row", "empty", "wrong-event", "int", "complex", "float64"):
+        for kind in (
+            "construct",
+            "huge-row",
+            "minus-huge-row",
+            "nan-row",
+            "empty",
+            "wrong-event",
+            "int",
+            "complex",
+            "float64",
+        ):
             out.append(Attack(f"target/{name}/{kind}", "target", functools.partial(attack, kind)))
     return out
 

@@ -146,9 +146,11 @@ def _corruptions(kind: str, marker: Path) -> dict[str, Callable[[], bytes]]:
         ),
         "resigned-unknown-builder": lambda: resigned_header(lambda h: h["config"].update(builder="NoSuchFlow")),
         "resigned-config-features-changed": lambda: resigned_header(
-            lambda h: h["config"].update(args=[3], kwargs=h["config"].get("kwargs", {}))
-            if "args" in h["config"]
-            else h["config"].update(features=3)
+            lambda h: (
+                h["config"].update(args=[3], kwargs=h["config"].get("kwargs", {}))
+                if "args" in h["config"]
+                else h["config"].update(features=3)
+            )
         ),
         "resigned-payload-not-torch": lambda: _sign(_split(original())[0], b"\x00" * 64),
         "resigned-payload-list": lambda: _sign(_split(original())[0], _torch_bytes([1, 2, 3])),
@@ -200,7 +202,7 @@ def _missing_file(kind: str) -> Result:
     path = workspace() / "checkpoints" / "does-not-exist.ckpt"
     try:
         _open(kind, path)
-    except Exception as error:  # noqa: BLE001
+    except Exception as error:
         return judge_error(error, names=(str(path),))
     return Result(Outcome.SILENT_WRONG, "opened a file that does not exist")
 
@@ -210,6 +212,8 @@ def attacks() -> list[Attack]:
     out = []
     for kind in ("model", "training"):
         for corruption in _corruptions(kind, Path("unused")):
-            out.append(Attack(f"checkpoint/{kind}/{corruption}", "checkpoint", functools.partial(_attack, kind, corruption)))
+            out.append(
+                Attack(f"checkpoint/{kind}/{corruption}", "checkpoint", functools.partial(_attack, kind, corruption))
+            )
         out.append(Attack(f"checkpoint/{kind}/missing-file", "checkpoint", functools.partial(_missing_file, kind)))
     return out

@@ -23,7 +23,11 @@ ATTACKS = all_attacks()
 
 
 def _param(attack):
-    marks = [pytest.mark.xfail(reason="listed in KNOWN_FAILURES_AT_BRANCH.md", strict=False)] if attack.id in KNOWN_IDS else []
+    marks = (
+        [pytest.mark.xfail(reason="listed in KNOWN_FAILURES_AT_BRANCH.md", strict=False)]
+        if attack.id in KNOWN_IDS
+        else []
+    )
     return pytest.param(attack, id=attack.id, marks=marks)
 
 
@@ -35,13 +39,22 @@ def test_attack(attack) -> None:
 
 def test_ids_are_unique_and_cover_every_family() -> None:
     assert len({a.id for a in ATTACKS}) == len(ATTACKS)
-    assert {a.family for a in ATTACKS} >= {"api", "builder", "target", "mcmc", "checkpoint", "cli", "kill", "concurrency"}
+    assert {a.family for a in ATTACKS} >= {
+        "api",
+        "builder",
+        "target",
+        "mcmc",
+        "checkpoint",
+        "cli",
+        "kill",
+        "concurrency",
+    }
 
 
 def test_code_execution_oracle_can_fire() -> None:
     """The crafted pickle really runs code when loaded unsafely, so a missing marker means a refusal."""
     marker = workspace() / "oracle-check"
-    pickle.loads(_evil_pickle(marker))  # noqa: S301 - the point of the check
+    pickle.loads(_evil_pickle(marker))
     assert marker.exists()
 
 
