@@ -97,7 +97,13 @@ class Attack:
 
 
 # Exception types that the library documents for bad inputs; anything else that escapes is a raw crash.
-_CLEAR_TYPES: tuple[type[BaseException], ...] = (ValueError, TypeError, FileNotFoundError, NotImplementedError)
+_CLEAR_TYPES: tuple[type[BaseException], ...] = (
+    ValueError,
+    TypeError,
+    FileNotFoundError,
+    NotImplementedError,
+    FloatingPointError,  # the ODE solvers' documented error for a failed solve (CNF, FFJORD)
+)
 # Exception types that a clear error must not be, even though they subclass a documented one.
 _RAW_TYPES: tuple[type[BaseException], ...] = (KeyError, IndexError)
 
