@@ -312,7 +312,7 @@ def _cli_attacks() -> list[Attack]:
                         f"cli/{command}/{name}={label}",
                         "cli",
                         functools.partial(_cli_attack, command, name, label, value, must),
-                        timeout=15.0,
+                        timeout=40.0,
                     )
                 )
     return out
