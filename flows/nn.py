@@ -48,10 +48,10 @@ class MLP(nn.Module):
         zero_init: bool = True,
     ) -> None:
         super().__init__()
-        if in_features + context <= 0 or out_features <= 0:
+        if in_features + context <= 0 or out_features <= 0 or context < 0 or any(h <= 0 for h in hidden):
             raise ValueError(
-                f"MLP: expected positive widths, got in_features={in_features}, context={context}, "
-                f"out_features={out_features}"
+                f"MLP: expected positive widths and context >= 0, got in_features={in_features}, context={context}, "
+                f"hidden={tuple(hidden)}, out_features={out_features}"
             )
         self.in_features, self.out_features, self.context_features = in_features, out_features, context
         widths = [in_features + context, *hidden, out_features]
@@ -584,7 +584,7 @@ class ConvNet(nn.Module):
         channels_last: bool = True,
     ) -> None:
         super().__init__()
-        if in_channels + context <= 0 or out_channels <= 0 or any(h <= 0 for h in hidden):
+        if in_channels + context <= 0 or out_channels <= 0 or context < 0 or any(h <= 0 for h in hidden):
             raise ValueError(
                 f"ConvNet: expected positive widths, got in_channels={in_channels}, context={context}, "
                 f"hidden={tuple(hidden)}, out_channels={out_channels}"

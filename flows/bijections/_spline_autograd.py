@@ -246,7 +246,7 @@ class SplineForward(torch.autograd.Function):
             ctx.save_for_backward(x, params, inside_f, size, d, raw, *saved, *inter)
             ctx.spline = spline
             ctx.layout = (params.shape, dense_stride(params), params.dtype, params.device)
-        return torch.where(inside, y, x), ladj.mul_(inside_f)
+        return torch.where(inside, y, x), ladj.masked_fill_(~inside, 0.0)  # not mul_(inside_f): inf * 0 is NaN
 
     @staticmethod
     def backward(ctx, grad_y: Tensor, grad_ladj: Tensor) -> tuple[Tensor | None, ...]:

@@ -2,7 +2,8 @@
 
 from __future__ import annotations
 
-from collections.abc import Iterator, Sequence
+import functools
+from collections.abc import Callable, Iterator, Sequence
 
 import torch
 from torch import Tensor, nn
@@ -31,6 +32,44 @@ class InverseNotAvailable(NotImplementedError):
     """
 
 
+# Depth of nested fused calls in this process: only the outermost call (the caller's) checks its input,
+# so composite layers pay nothing for their members and may call them on internal layouts.
+_DEPTH = [0]
+
+
+def _check_input(t: Bijection, x: Tensor, inverse: bool) -> None:
+    """The fused methods' input contract: a floating-point tensor ``(*batch, *event)`` of the module's dtype."""
+    who, what = type(t).__name__, "latent input" if inverse else "input"
+    check_event(x, t.event_shape_out if inverse else t.event_shape, who, what)
+    if not x.is_floating_point():
+        raise TypeError(f"{who}: expected a floating-point {what}, got dtype {x.dtype}")
+    reference = next(t.parameters(), None)
+    if reference is not None and reference.dtype != x.dtype:
+        raise TypeError(
+            f"{who}: expected {what} of dtype {reference.dtype} (the module's), got {x.dtype}; "
+            "convert the data or the module with .to(...)"
+        )
+
+
+def _checked(method: Callable[..., tuple[Tensor, Tensor]], inverse: bool) -> Callable[..., tuple[Tensor, Tensor]]:
+    """Wrap a fused method so that the outermost call checks its input (skipped inside torch.compile)."""
+
+    @functools.wraps(method)
+    def fused(self: Bijection, x: Tensor, *args, **kwargs) -> tuple[Tensor, Tensor]:
+        if torch.compiler.is_compiling():
+            return method(self, x, *args, **kwargs)
+        if _DEPTH[0] == 0:
+            _check_input(self, x, inverse)
+        _DEPTH[0] += 1
+        try:
+            return method(self, x, *args, **kwargs)
+        finally:
+            _DEPTH[0] -= 1
+
+    fused.__flows_checked__ = True
+    return fused
+
+
 class Bijection(nn.Module):
     r"""Base class of every transform: an invertible map with its log-absolute-determinant.
 
@@ -50,6 +89,9 @@ class Bijection(nn.Module):
 
     Subclasses implement :meth:`forward_and_log_det` and, when a closed-form inverse exists,
     :meth:`inverse_and_log_det`. :meth:`forward`, :meth:`inverse` and :attr:`inv` are derived.
+    The outermost fused call checks its input (event shape, a floating dtype equal to the module's
+    parameters') and raises ``ValueError``/``TypeError`` saying what was expected; calls that a
+    composite layer makes on its members are not re-checked.
 
     Args:
         event_shape: shape of one event on the data side (an ``int`` means a vector). ``None``
@@ -67,6 +109,15 @@ class Bijection(nn.Module):
         >>> torch.allclose(t.inverse(z), x)
         True
     """
+
+    def __init_subclass__(cls, **kwargs) -> None:
+        # Every fused method checks its caller's input (event shape, floating dtype, the module's dtype):
+        # a wrong input is a clear error here instead of a torch error, or a broadcast, deep inside.
+        super().__init_subclass__(**kwargs)
+        for name, inverse in (("forward_and_log_det", False), ("inverse_and_log_det", True)):
+            method = cls.__dict__.get(name)
+            if method is not None and not getattr(method, "__flows_checked__", False):
+                setattr(cls, name, _checked(method, inverse))
 
     def __init__(
         self,

@@ -256,6 +256,8 @@ class CirculantDiagonal(Bijection):
         """Apply ``W`` (or ``W⁻¹``) along the feature axis ``-1 - spatial`` of ``x``; ``bias`` is added after ``W``."""
         n, axis = self.features, -1 - spatial
         tail = (1,) * spatial
+        if x.numel() == 0:  # an empty batch: the FFT backends refuse empty transforms
+            return x.clone()
         if not inverse:
             d, s = self.diagonals(), self.spectra()
             u = x * d[-1].view(n, *tail)

@@ -88,7 +88,7 @@ class Invertible1x1Conv(LULinear):
     @staticmethod
     def _mix(matrix: Tensor, x: Tensor) -> Tensor:
         """``matrix`` applied to the channels of every pixel of ``x`` (``(*batch, C, H, W)``)."""
-        flat = x.reshape(*x.shape[:-2], -1)
+        flat = x.flatten(-2)  # not reshape(..., -1): an empty batch has no size to infer
         return torch.einsum("ij,...jk->...ik", matrix, flat).reshape(x.shape)
 
     def forward_and_log_det(self, x: Tensor, context: Tensor | None = None) -> tuple[Tensor, Tensor]:

@@ -146,6 +146,8 @@ class EntropyPermutation(Permutation):
     def update(self, x: Tensor) -> None:
         """Fold the negentropy of the batch ``x`` into the running estimates and update the permutation."""
         estimate = negentropy(x.detach()).to(self.running_negentropy.dtype)
+        if not bool(torch.isfinite(estimate).all()):  # a batch with NaN/Inf: keep the estimates finite
+            return
         if int(self.steps) == 0:
             self.running_negentropy.copy_(estimate)
         else:
