@@ -66,6 +66,8 @@ def check_event(x: Tensor, event_shape: Sequence[int | None], who: str, what: st
     if not isinstance(x, Tensor):
         raise TypeError(f"{who}: expected {what} to be a torch.Tensor, got {type(x).__name__}")
     n = len(event_shape)
+    if x.dim() >= n and tuple(x.shape[x.dim() - n :]) == tuple(event_shape):  # fast path: every call of every layer
+        return
     if x.dim() < n or not shapes_match(x.shape[x.dim() - n :], event_shape):
         expected = ", ".join("*" if s is None else str(s) for s in event_shape)
         raise ValueError(f"{who}: expected {what} of shape (*batch, {expected}), got {tuple(x.shape)}")

@@ -2,12 +2,21 @@
 
 from __future__ import annotations
 
-from collections.abc import Iterator, Sequence
+import functools
+from collections.abc import Callable, Iterator, Sequence
 
 import torch
 from torch import Tensor, nn
 
-from flows._validation import as_shape, check_event, format_shape, shapes_match
+from flows._validation import (
+    as_shape,
+    check_context,
+    check_context_like,
+    check_event,
+    check_finite,
+    format_shape,
+    shapes_match,
+)
 
 __all__ = ["Bijection", "Chain", "Inverse", "InverseNotAvailable", "sum_event_dims"]
 
@@ -22,6 +31,21 @@ def sum_event_dims(t: Tensor, event_ndim: int, batch_shape: torch.Size) -> Tenso
     if event_ndim:
         t = t.sum(dim=tuple(range(-event_ndim, 0)))
     return t.expand(batch_shape)
+
+
+_Fused = Callable[..., tuple[Tensor, Tensor]]
+
+
+def _validated(method: _Fused, inverse: bool) -> _Fused:
+    """``method`` (a fused ``*_and_log_det``) preceded by :meth:`Bijection.check_call`."""
+
+    @functools.wraps(method)
+    def checked(self: Bijection, x: Tensor, context: Tensor | None = None) -> tuple[Tensor, Tensor]:
+        self.check_call(x, context, inverse=inverse)
+        return method(self, x, context)
+
+    checked._validated = True  # type: ignore[attr-defined]
+    return checked
 
 
 class InverseNotAvailable(NotImplementedError):
@@ -47,6 +71,13 @@ class Bijection(nn.Module):
       summed over the event dimensions (image transforms include the ``H·W`` factor);
     * every method takes ``context=None`` (a tensor ``(*batch, context_features)`` for conditional
       transforms, ignored by unconditional ones).
+
+    The contract is enforced: every subclass's :meth:`forward_and_log_det` and
+    :meth:`inverse_and_log_det` first run :meth:`check_call`, so a wrong event shape, an integer
+    or complex input, or a context that does not fit (missing, wrong width, dtype or batch, or
+    NaN/Inf for a conditional transform) is a clear error instead of a wrong result. A NaN or
+    infinite *input* is not checked here (one reduction per layer): it gives NaN or infinite
+    outputs; :class:`~flows.Flow` checks its inputs once (``check_finite``).
 
     Subclasses implement :meth:`forward_and_log_det` and, when a closed-form inverse exists,
     :meth:`inverse_and_log_det`. :meth:`forward`, :meth:`inverse` and :attr:`inv` are derived.
@@ -78,6 +109,42 @@ class Bijection(nn.Module):
         self.event_shape_out = (
             self.event_shape if event_shape_out is None else as_shape(event_shape_out, "event_shape_out")
         )
+
+    def __init_subclass__(cls, **kwargs: object) -> None:
+        super().__init_subclass__(**kwargs)
+        for name, inverse in (("forward_and_log_det", False), ("inverse_and_log_det", True)):
+            method = cls.__dict__.get(name)
+            if method is not None and not getattr(method, "_validated", False):
+                setattr(cls, name, _validated(method, inverse))
+
+    def check_call(self, x: Tensor, context: Tensor | None, *, inverse: bool = False) -> None:
+        """Raise unless ``x`` (and ``context``) fit this transform; run before every fused call.
+
+        Checks that ``x`` is a real floating-point tensor ``(*batch, *event_shape)`` (the latent
+        event shape when ``inverse``); for a conditional transform (``context_features > 0``) that
+        the context is present, ``(*batch, context_features)``, finite; and for any context given
+        that it has the dtype and device of ``x`` and a batch shape that broadcasts to ``x``'s.
+
+        Raises:
+            TypeError: for a non-tensor, an integer/bool/complex input or context, or a context of
+                another dtype or device than the input.
+            ValueError: for a wrong event shape, a missing or unexpected-width context, a context
+                batch that does not broadcast to the input's, or a NaN/Inf context.
+        """
+        who = type(self).__name__
+        event = self.event_shape_out if inverse else self.event_shape
+        what = "latent input" if inverse else "input"
+        check_event(x, event, who, what)
+        if not x.is_floating_point():
+            raise TypeError(f"{who}: expected a real floating-point {what}, got dtype {x.dtype}")
+        features = getattr(self, "context_features", None)
+        conditional = isinstance(features, int) and features > 0
+        if conditional:
+            check_context(context, features, who)
+        if context is not None:
+            check_context_like(context, x, len(event), who)
+            if conditional:
+                check_finite(context, who, "context", hint=None)
 
     # -- the contract -------------------------------------------------------------------------
     def forward_and_log_det(self, x: Tensor, context: Tensor | None = None) -> tuple[Tensor, Tensor]:
