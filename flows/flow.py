@@ -15,7 +15,15 @@ from collections.abc import Iterator, Sequence
 import torch
 from torch import Tensor, nn
 
-from flows._validation import check_context, check_event, check_finite, check_like, format_shape, shapes_match
+from flows._validation import (
+    check_context,
+    check_context_like,
+    check_event,
+    check_finite,
+    check_like,
+    format_shape,
+    shapes_match,
+)
 from flows.bijections.base import Bijection
 from flows.distributions import Distribution
 
@@ -54,7 +62,8 @@ class Flow(nn.Module):
         transform: maps data ``(*batch, *event_shape)`` to latent.
         base: distribution of the latent; its event shape must be the transform's output shape.
         context: width of the context the flow expects (0 = unconditional; ``None`` = not checked).
-        check_finite: raise on NaN/Inf inputs to :meth:`log_prob` (one reduction per call).
+        check_finite: raise on NaN/Inf inputs to :meth:`log_prob` and NaN/Inf contexts (one
+            reduction per call and tensor).
 
     Raises:
         ValueError: if the base's event shape differs from the transform's output shape.
@@ -100,11 +109,16 @@ class Flow(nn.Module):
         """Shape of one data event."""
         return self.transform.event_shape
 
-    def _check_context(self, context: Tensor | None) -> None:
+    def _check_context(self, context: Tensor | None, x: Tensor | None = None) -> None:
+        name = type(self).__name__
         if self.context_features is not None:
-            check_context(context, self.context_features, type(self).__name__)
+            check_context(context, self.context_features, name)
         if context is not None:
-            check_like(context, self._anchor, type(self).__name__, "context")
+            check_like(context, self._anchor, name, "context")
+            if x is not None:  # the context's batch must broadcast to the data's (issue 17)
+                check_context_like(context, x, len(self.transform.event_shape), name)
+            if self.check_finite:
+                check_finite(context, name, "context")
 
     def log_prob(self, x: Tensor, context: Tensor | None = None) -> Tensor:
         """Log-density of data ``x`` (``(*batch, *event_shape)``), of shape ``batch``.
@@ -118,7 +132,7 @@ class Flow(nn.Module):
         check_like(x, self._anchor, name)
         if self.check_finite:
             check_finite(x, name)
-        self._check_context(context)
+        self._check_context(context, x)
         z, ladj = self.transform.forward_and_log_det(x, context)
         return self.base.log_prob(z, context) + ladj
 
