@@ -55,6 +55,8 @@ class Invertible1x1Conv(LULinear):
         (True, True)
     """
 
+    _spatial = 2  # one matrix, shared over the height and width axes
+
     def __init__(self, channels: int, *, lu: bool = False, generator: torch.Generator | None = None) -> None:
         if not isinstance(channels, int) or isinstance(channels, bool) or channels < 1:
             raise ValueError(f"Invertible1x1Conv: expected a positive int number of channels, got {channels!r}")
@@ -88,7 +90,7 @@ class Invertible1x1Conv(LULinear):
     @staticmethod
     def _mix(matrix: Tensor, x: Tensor) -> Tensor:
         """``matrix`` applied to the channels of every pixel of ``x`` (``(*batch, C, H, W)``)."""
-        flat = x.reshape(*x.shape[:-2], -1)
+        flat = x.flatten(-2)
         return torch.einsum("ij,...jk->...ik", matrix, flat).reshape(x.shape)
 
     def forward_and_log_det(self, x: Tensor, context: Tensor | None = None) -> tuple[Tensor, Tensor]:
