@@ -114,7 +114,7 @@ class Flatten(Bijection):
 
     def forward_and_log_det(self, x: Tensor, context: Tensor | None = None) -> tuple[Tensor, Tensor]:
         batch = self.batch_shape(x)
-        return x.reshape(*batch, -1), x.new_zeros(batch)
+        return x.flatten(len(batch)), x.new_zeros(batch)  # flatten, not reshape(-1): empty batches too
 
     def inverse_and_log_det(self, z: Tensor, context: Tensor | None = None) -> tuple[Tensor, Tensor]:
         batch = z.shape[:-1]
@@ -184,7 +184,7 @@ class Split(Bijection):
         batch = self.batch_shape(x)
         kept, out = x[..., : self.keep, :, :], x[..., self.keep :, :, :]
         inner, ladj = self.transform.forward_and_log_det(kept, context)
-        z = torch.cat((out.reshape(*batch, -1), inner.reshape(*batch, -1)), dim=-1)
+        z = torch.cat((out.flatten(len(batch)), inner.flatten(len(batch))), dim=-1)  # also for empty batches
         return z, ladj
 
     def inverse_and_log_det(self, z: Tensor, context: Tensor | None = None) -> tuple[Tensor, Tensor]:
