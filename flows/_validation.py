@@ -143,7 +143,8 @@ def check_context_like(context: Tensor, x: Tensor, event_ndim: int, who: str) ->
     """Raise unless ``context`` fits the input ``x`` of shape ``(*batch, *event)``.
 
     The context must be a real floating-point tensor ``(*c_batch, C)`` with the dtype and device
-    of ``x``, and ``c_batch`` must broadcast to ``batch`` (``Tensor.expand`` semantics: equal
+    of ``x`` (any floating dtype under ``torch.autocast``, where layers change the precision of
+    their outputs), and ``c_batch`` must broadcast to ``batch`` (``Tensor.expand`` semantics: equal
     sizes or 1, and no more dimensions than ``batch``), so that every input row is paired with
     the context row meant for it. The width ``C`` is checked by :func:`check_context`.
 
@@ -157,7 +158,10 @@ def check_context_like(context: Tensor, x: Tensor, event_ndim: int, who: str) ->
         raise TypeError(f"{who}: expected context to be a torch.Tensor, got {type(context).__name__}")
     if not context.is_floating_point():
         raise TypeError(f"{who}: expected a real floating-point context, got dtype {context.dtype}")
-    if context.dtype != x.dtype or context.device != x.device:
+    if context.device != x.device or (
+        # under autocast, layer outputs change precision while the context keeps its own
+        context.dtype != x.dtype and not torch.is_autocast_enabled(x.device.type)
+    ):
         raise TypeError(
             f"{who}: expected a context with the input's dtype {x.dtype} on {x.device}, "
             f"got dtype {context.dtype} on {context.device}"
