@@ -139,20 +139,25 @@ def check_context(context: Tensor | None, features: int, who: str) -> None:
         raise ValueError(f"{who}: expected a context of shape (*batch, {features}), got {tuple(context.shape)}")
 
 
-def check_context_like(context: Tensor, x: Tensor, event_ndim: int, who: str) -> None:
+def check_context_like(context: Tensor, x: Tensor, event_ndim: int, who: str, features: int | None = None) -> None:
     """Raise unless ``context`` fits the input ``x`` of shape ``(*batch, *event)``.
 
-    The context must be a real floating-point tensor ``(*c_batch, C)`` with the dtype and device
-    of ``x`` (any floating dtype under ``torch.autocast``, where layers change the precision of
-    their outputs), and ``c_batch`` must broadcast to ``batch`` (``Tensor.expand`` semantics: equal
-    sizes or 1, and no more dimensions than ``batch``), so that every input row is paired with
-    the context row meant for it. The width ``C`` is checked by :func:`check_context`.
+    The context must be a real floating-point tensor with the dtype and device of ``x`` (any
+    floating dtype under ``torch.autocast``, where layers change the precision of their outputs),
+    either a vector context ``(*c_batch, C)`` or, for image inputs ``(*batch, C_x, H, W)``, a map
+    ``(*c_batch, C, H, W)`` with the input's ``H, W`` (as the convolutional conditioners take it),
+    and ``c_batch`` must broadcast to ``batch`` (``Tensor.expand`` semantics: equal sizes or 1, no
+    more dimensions than ``batch``) so that every input row is paired with the context row meant
+    for it.
 
     Args:
         context: the context tensor.
         x: the input the context goes with.
         event_ndim: number of event dimensions of ``x``.
         who: name of the object doing the check, used in the message.
+        features: the expected width ``C``; ``None`` (a module that only passes the context on,
+            such as a chain) checks the dtype and device only, the conditional layers inside check
+            the rest.
     """
     if not isinstance(context, Tensor):
         raise TypeError(f"{who}: expected context to be a torch.Tensor, got {type(context).__name__}")
@@ -166,8 +171,16 @@ def check_context_like(context: Tensor, x: Tensor, event_ndim: int, who: str) ->
             f"{who}: expected a context with the input's dtype {x.dtype} on {x.device}, "
             f"got dtype {context.dtype} on {context.device}"
         )
+    image = event_ndim >= 3
+    is_map = image and context.dim() == x.dim() and context.shape[-2:] == x.shape[-2:]
+    context_ndim = 3 if is_map else 1
+    if features is None:  # the layout is unknown here (a chain passing the context on): its users check it
+        return
+    if context.dim() == 0 or context.shape[-context_ndim] != features:
+        maps = f" or (*batch, {features}, {x.shape[-2]}, {x.shape[-1]})" if image else ""
+        raise ValueError(f"{who}: expected a context of shape (*batch, {features}){maps}, got {tuple(context.shape)}")
     batch = x.shape[: x.dim() - event_ndim]
-    c_batch = context.shape[:-1]
+    c_batch = context.shape[: max(context.dim() - context_ndim, 0)]
     if c_batch == batch and context.dim():
         return
     if (

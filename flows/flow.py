@@ -115,8 +115,8 @@ class Flow(nn.Module):
             check_context(context, self.context_features, name)
         if context is not None:
             check_like(context, self._anchor, name, "context")
-            if x is not None:  # the context's batch must broadcast to the data's (issue 17)
-                check_context_like(context, x, len(self.transform.event_shape), name)
+            if x is not None and self.context_features:  # its batch must broadcast to the data's (issue 17)
+                check_context_like(context, x, len(self.transform.event_shape), name, self.context_features)
             if self.check_finite:
                 check_finite(context, name, "context")
 

@@ -303,7 +303,7 @@ CONTEXT_ATTACKS = {
     "inf": (ValueError, "expected a finite context, got"),
     "short-batch": (ValueError, r"expected a context of shape \(\*batch, C\) with batch shape \(5,\)"),
     "extra-batch": (ValueError, r"with batch shape \(5,\) .*got \(3, 5, "),
-    "width": (ValueError, r"expected a context of shape \(\*batch, \d+\), got"),
+    "width": (ValueError, r"expected a context of shape \(\*batch, \d+\)( or \(\*batch, \d+, \d+, \d+\))?, got"),
     "float32": (TypeError, r"expected a context with the input's dtype torch.float64 on cpu, got dtype torch.float32"),
     "int": (TypeError, r"floating-point context, got dtype torch\.int64"),
     "none": (ValueError, r"expected a context of shape \(\*batch, \d+\), got None"),

@@ -122,8 +122,9 @@ class Bijection(nn.Module):
 
         Checks that ``x`` is a real floating-point tensor ``(*batch, *event_shape)`` (the latent
         event shape when ``inverse``); for a conditional transform (``context_features > 0``) that
-        the context is present, ``(*batch, context_features)``, finite; and for any context given
-        that it has the dtype and device of ``x`` and a batch shape that broadcasts to ``x``'s.
+        the context is present, ``(*batch, context_features)`` (or a map ``(*batch,
+        context_features, H, W)`` for images), finite; and for any context given that it has the
+        dtype and device of ``x`` and a batch shape that broadcasts to ``x``'s.
 
         Raises:
             TypeError: for a non-tensor, an integer/bool/complex input or context, or a context of
@@ -139,10 +140,10 @@ class Bijection(nn.Module):
             raise TypeError(f"{who}: expected a real floating-point {what}, got dtype {x.dtype}")
         features = getattr(self, "context_features", None)
         conditional = isinstance(features, int) and features > 0
-        if conditional:
-            check_context(context, features, who)
+        if conditional and context is None:
+            check_context(context, features, who)  # raises: expected a context, got None
         if context is not None:
-            check_context_like(context, x, len(event), who)
+            check_context_like(context, x, len(event), who, features if conditional else None)
             if conditional:
                 check_finite(context, who, "context", hint=None)
 
