@@ -11,9 +11,11 @@ __all__ = [
     "Shape",
     "as_shape",
     "check_context",
+    "check_context_like",
     "check_event",
     "check_finite",
     "check_like",
+    "check_real",
     "format_shape",
     "shapes_match",
 ]
@@ -64,6 +66,8 @@ def check_event(x: Tensor, event_shape: Sequence[int | None], who: str, what: st
     if not isinstance(x, Tensor):
         raise TypeError(f"{who}: expected {what} to be a torch.Tensor, got {type(x).__name__}")
     n = len(event_shape)
+    if x.dim() >= n and tuple(x.shape[x.dim() - n :]) == tuple(event_shape):  # fast path: every call of every layer
+        return
     if x.dim() < n or not shapes_match(x.shape[x.dim() - n :], event_shape):
         expected = ", ".join("*" if s is None else str(s) for s in event_shape)
         raise ValueError(f"{who}: expected {what} of shape (*batch, {expected}), got {tuple(x.shape)}")
@@ -73,7 +77,9 @@ NON_FINITE_MESSAGE = "expected no NaN/Inf values in the"
 """Text of the compiled-mode error of :func:`check_finite` (matched by the Trainer)."""
 
 
-def check_finite(x: Tensor, who: str, what: str = "input") -> None:
+def check_finite(
+    x: Tensor, who: str, what: str = "input", *, hint: str | None = "pass check_finite=False to skip this check"
+) -> None:
     """Raise if ``x`` holds NaN or infinite values, naming how many and where the first one is.
 
     Under ``torch.compile`` the check stays in the graph as an asynchronous assertion (no graph
@@ -89,9 +95,20 @@ def check_finite(x: Tensor, who: str, what: str = "input") -> None:
         bad = (~finite).nonzero()
         raise ValueError(
             f"{who}: expected a finite {what}, got {bad.shape[0]} NaN/Inf value(s), "
-            f"the first at index {tuple(bad[0].tolist())}; "
-            "pass check_finite=False to skip this check"
+            f"the first at index {tuple(bad[0].tolist())}" + (f"; {hint}" if hint else "")
         )
+
+
+def check_real(x: Tensor, who: str, what: str = "input") -> None:
+    """Raise unless ``x`` is a real floating-point tensor (integer, bool and complex inputs are refused).
+
+    Integer inputs would be silently truncated by in-place updates and complex ones would give
+    complex "energies" or drop the imaginary part: both are clear errors instead.
+    """
+    if not isinstance(x, Tensor):
+        raise TypeError(f"{who}: expected {what} to be a torch.Tensor, got {type(x).__name__}")
+    if not x.is_floating_point():
+        raise TypeError(f"{who}: expected a real floating-point {what}, got dtype {x.dtype}")
 
 
 def check_like(x: Tensor, reference: Tensor | None, who: str, what: str = "input") -> None:
@@ -120,3 +137,58 @@ def check_context(context: Tensor | None, features: int, who: str) -> None:
         raise TypeError(f"{who}: expected context to be a torch.Tensor, got {type(context).__name__}")
     if context.dim() == 0 or context.shape[-1] != features:
         raise ValueError(f"{who}: expected a context of shape (*batch, {features}), got {tuple(context.shape)}")
+
+
+def check_context_like(context: Tensor, x: Tensor, event_ndim: int, who: str, features: int | None = None) -> None:
+    """Raise unless ``context`` fits the input ``x`` of shape ``(*batch, *event)``.
+
+    The context must be a real floating-point tensor with the dtype and device of ``x`` (any
+    floating dtype under ``torch.autocast``, where layers change the precision of their outputs),
+    either a vector context ``(*c_batch, C)`` or, for image inputs ``(*batch, C_x, H, W)``, a map
+    ``(*c_batch, C, H, W)`` with the input's ``H, W`` (as the convolutional conditioners take it),
+    and ``c_batch`` must broadcast to ``batch`` (``Tensor.expand`` semantics: equal sizes or 1, no
+    more dimensions than ``batch``) so that every input row is paired with the context row meant
+    for it.
+
+    Args:
+        context: the context tensor.
+        x: the input the context goes with.
+        event_ndim: number of event dimensions of ``x``.
+        who: name of the object doing the check, used in the message.
+        features: the expected width ``C``; ``None`` (a module that only passes the context on,
+            such as a chain) checks the dtype and device only, the conditional layers inside check
+            the rest.
+    """
+    if not isinstance(context, Tensor):
+        raise TypeError(f"{who}: expected context to be a torch.Tensor, got {type(context).__name__}")
+    if not context.is_floating_point():
+        raise TypeError(f"{who}: expected a real floating-point context, got dtype {context.dtype}")
+    if context.device != x.device or (
+        # under autocast, layer outputs change precision while the context keeps its own
+        context.dtype != x.dtype and not torch.is_autocast_enabled(x.device.type)
+    ):
+        raise TypeError(
+            f"{who}: expected a context with the input's dtype {x.dtype} on {x.device}, "
+            f"got dtype {context.dtype} on {context.device}"
+        )
+    image = event_ndim >= 3
+    is_map = image and context.dim() == x.dim() and context.shape[-2:] == x.shape[-2:]
+    context_ndim = 3 if is_map else 1
+    if features is None:  # the layout is unknown here (a chain passing the context on): its users check it
+        return
+    if context.dim() == 0 or context.shape[-context_ndim] != features:
+        maps = f" or (*batch, {features}, {x.shape[-2]}, {x.shape[-1]})" if image else ""
+        raise ValueError(f"{who}: expected a context of shape (*batch, {features}){maps}, got {tuple(context.shape)}")
+    batch = x.shape[: x.dim() - event_ndim]
+    c_batch = context.shape[: max(context.dim() - context_ndim, 0)]
+    if c_batch == batch and context.dim():
+        return
+    if (
+        context.dim() == 0
+        or len(c_batch) > len(batch)
+        or any(c != 1 and c != b for c, b in zip(reversed(c_batch), reversed(batch), strict=False))
+    ):
+        raise ValueError(
+            f"{who}: expected a context of shape (*batch, C) with batch shape {tuple(batch)} (or one that "
+            f"broadcasts to it) for an input of shape {tuple(x.shape)}, got {tuple(context.shape)}"
+        )

@@ -23,7 +23,15 @@ import torch
 import torch.distributions as td
 from torch import Tensor, nn
 
-from flows._validation import check_context, check_event, check_finite, check_like, format_shape, shapes_match
+from flows._validation import (
+    check_context,
+    check_context_like,
+    check_event,
+    check_finite,
+    check_like,
+    format_shape,
+    shapes_match,
+)
 from flows.bijections.base import Bijection, Chain
 from flows.bijections.standardize import Standardize
 from flows.distributions import Distribution, TorchDistribution
@@ -69,7 +77,8 @@ class Flow(nn.Module):
             :class:`torch.distributions.Distribution` (for instance ``Independent(StudentT(...), 1)``)
             is accepted and wrapped in :class:`~flows.distributions.TorchDistribution`.
         context: width of the context the flow expects (0 = unconditional; ``None`` = not checked).
-        check_finite: raise on NaN/Inf inputs to :meth:`log_prob` (one reduction per call).
+        check_finite: raise on NaN/Inf inputs to :meth:`log_prob` and NaN/Inf contexts (one
+            reduction per call and tensor).
         standardize: data ``(N, *event_shape)`` to fit a :class:`~flows.bijections.Standardize`
             layer on, or a fitted layer; it becomes the first (data-side) layer of the transform,
             so :math:`\log p(x) = \log p_{\text{rest}}((x-\mu)/\sigma) - \sum_i \log\sigma_i`: densities
@@ -199,11 +208,16 @@ class Flow(nn.Module):
         """Shape of one data event."""
         return self.transform.event_shape
 
-    def _check_context(self, context: Tensor | None) -> None:
+    def _check_context(self, context: Tensor | None, x: Tensor | None = None) -> None:
+        name = type(self).__name__
         if self.context_features is not None:
-            check_context(context, self.context_features, type(self).__name__)
+            check_context(context, self.context_features, name)
         if context is not None:
-            check_like(context, self._anchor, type(self).__name__, "context")
+            check_like(context, self._anchor, name, "context")
+            if x is not None and self.context_features:  # its batch must broadcast to the data's (issue 17)
+                check_context_like(context, x, len(self.transform.event_shape), name, self.context_features)
+            if self.check_finite:
+                check_finite(context, name, "context")
 
     def log_prob(self, x: Tensor, context: Tensor | None = None) -> Tensor:
         """Log-density of data ``x`` (``(*batch, *event_shape)``), of shape ``batch``.
@@ -217,7 +231,7 @@ class Flow(nn.Module):
         check_like(x, self._anchor, name)
         if self.check_finite:
             check_finite(x, name)
-        self._check_context(context)
+        self._check_context(context, x)
         z, ladj = self.transform.forward_and_log_det(x, context)
         return self.base.log_prob(z, context) + ladj
 

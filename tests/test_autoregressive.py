@@ -120,7 +120,7 @@ def test_masked_autoregressive_uses_the_context() -> None:
     x = torch.randn(4, 3)
     z1, z2 = t(x, torch.zeros(4, 2)), t(x, torch.ones(4, 2))
     assert not torch.allclose(z1[:, 0], z2[:, 0])  # even the first feature depends on the context
-    with pytest.raises(ValueError, match=r"MADE: expected a context of shape \(\*batch, 2\), got None"):
+    with pytest.raises(ValueError, match=r"MaskedAutoregressive: expected a context of shape \(\*batch, 2\), got None"):
         t(x)
 
 

@@ -84,8 +84,9 @@ def test_two_processes_match_one(tmp_path: Path) -> None:
     trainer, history = _fit(model, train, val)
     single = trainer.model.state_dict()
     assert bool(single["transform.transforms.0.initialized"])
-    for name, value in single.items():  # float64; only the summation order differs
-        torch.testing.assert_close(result["state"][name], value, rtol=1e-9, atol=1e-10, msg=name)
+    for name, value in single.items():  # float64; only the summation order differs (ActNorm's two-pass
+        # statistics and the gradients), and training amplifies those 1e-16 differences about 1e6 times
+        torch.testing.assert_close(result["state"][name], value, rtol=1e-8, atol=1e-9, msg=name)
     assert result["val_loss"] == pytest.approx(history["val_loss"], rel=1e-9)
     assert result["loss"] == pytest.approx(history["loss"], rel=1e-9)
     assert result["mean"] == {"x": pytest.approx(2 / 3)}  # (0 * 1 + 1 * 2) / (1 + 2)

@@ -8,7 +8,15 @@ from collections.abc import Callable, Iterator, Sequence
 import torch
 from torch import Tensor, nn
 
-from flows._validation import as_shape, check_event, format_shape, shapes_match
+from flows._validation import (
+    as_shape,
+    check_context,
+    check_context_like,
+    check_event,
+    check_finite,
+    format_shape,
+    shapes_match,
+)
 
 __all__ = ["Bijection", "Chain", "Inverse", "InverseNotAvailable", "sum_event_dims"]
 
@@ -25,49 +33,26 @@ def sum_event_dims(t: Tensor, event_ndim: int, batch_shape: torch.Size) -> Tenso
     return t.expand(batch_shape)
 
 
+_Fused = Callable[..., tuple[Tensor, Tensor]]
+
+
+def _validated(method: _Fused, inverse: bool) -> _Fused:
+    """``method`` (a fused ``*_and_log_det``) preceded by :meth:`Bijection.check_call`."""
+
+    @functools.wraps(method)
+    def checked(self: Bijection, x: Tensor, context: Tensor | None = None) -> tuple[Tensor, Tensor]:
+        self.check_call(x, context, inverse=inverse)
+        return method(self, x, context)
+
+    checked._validated = True  # type: ignore[attr-defined]
+    return checked
+
+
 class InverseNotAvailable(NotImplementedError):
     """Raised by a transform that has no closed-form inverse in its current configuration.
 
     The message names the class and the reason (for example, a batch-norm layer in train mode).
     """
-
-
-# Depth of nested fused calls in this process: only the outermost call (the caller's) checks its input,
-# so composite layers pay nothing for their members and may call them on internal layouts.
-_DEPTH = [0]
-
-
-def _check_input(t: Bijection, x: Tensor, inverse: bool) -> None:
-    """The fused methods' input contract: a floating-point tensor ``(*batch, *event)`` of the module's dtype."""
-    who, what = type(t).__name__, "latent input" if inverse else "input"
-    check_event(x, t.event_shape_out if inverse else t.event_shape, who, what)
-    if not x.is_floating_point():
-        raise TypeError(f"{who}: expected a floating-point {what}, got dtype {x.dtype}")
-    reference = next(t.parameters(), None)
-    if reference is not None and reference.dtype != x.dtype:
-        raise TypeError(
-            f"{who}: expected {what} of dtype {reference.dtype} (the module's), got {x.dtype}; "
-            "convert the data or the module with .to(...)"
-        )
-
-
-def _checked(method: Callable[..., tuple[Tensor, Tensor]], inverse: bool) -> Callable[..., tuple[Tensor, Tensor]]:
-    """Wrap a fused method so that the outermost call checks its input (skipped inside torch.compile)."""
-
-    @functools.wraps(method)
-    def fused(self: Bijection, x: Tensor, *args, **kwargs) -> tuple[Tensor, Tensor]:
-        if torch.compiler.is_compiling():
-            return method(self, x, *args, **kwargs)
-        if _DEPTH[0] == 0:
-            _check_input(self, x, inverse)
-        _DEPTH[0] += 1
-        try:
-            return method(self, x, *args, **kwargs)
-        finally:
-            _DEPTH[0] -= 1
-
-    fused.__flows_checked__ = True
-    return fused
 
 
 class Bijection(nn.Module):
@@ -87,11 +72,15 @@ class Bijection(nn.Module):
     * every method takes ``context=None`` (a tensor ``(*batch, context_features)`` for conditional
       transforms, ignored by unconditional ones).
 
+    The contract is enforced: every subclass's :meth:`forward_and_log_det` and
+    :meth:`inverse_and_log_det` first run :meth:`check_call`, so a wrong event shape, an integer
+    or complex input, or a context that does not fit (missing, wrong width, dtype or batch, or
+    NaN/Inf for a conditional transform) is a clear error instead of a wrong result. A NaN or
+    infinite *input* is not checked here (one reduction per layer): it gives NaN or infinite
+    outputs; :class:`~flows.Flow` checks its inputs once (``check_finite``).
+
     Subclasses implement :meth:`forward_and_log_det` and, when a closed-form inverse exists,
     :meth:`inverse_and_log_det`. :meth:`forward`, :meth:`inverse` and :attr:`inv` are derived.
-    The outermost fused call checks its input (event shape, a floating dtype equal to the module's
-    parameters') and raises ``ValueError``/``TypeError`` saying what was expected; calls that a
-    composite layer makes on its members are not re-checked.
 
     Args:
         event_shape: shape of one event on the data side (an ``int`` means a vector). ``None``
@@ -110,15 +99,6 @@ class Bijection(nn.Module):
         True
     """
 
-    def __init_subclass__(cls, **kwargs) -> None:
-        # Every fused method checks its caller's input (event shape, floating dtype, the module's dtype):
-        # a wrong input is a clear error here instead of a torch error, or a broadcast, deep inside.
-        super().__init_subclass__(**kwargs)
-        for name, inverse in (("forward_and_log_det", False), ("inverse_and_log_det", True)):
-            method = cls.__dict__.get(name)
-            if method is not None and not getattr(method, "__flows_checked__", False):
-                setattr(cls, name, _checked(method, inverse))
-
     def __init__(
         self,
         event_shape: int | Sequence[int],
@@ -129,6 +109,49 @@ class Bijection(nn.Module):
         self.event_shape_out = (
             self.event_shape if event_shape_out is None else as_shape(event_shape_out, "event_shape_out")
         )
+
+    def __init_subclass__(cls, **kwargs: object) -> None:
+        super().__init_subclass__(**kwargs)
+        for name, inverse in (("forward_and_log_det", False), ("inverse_and_log_det", True)):
+            method = cls.__dict__.get(name)
+            if method is not None and not getattr(method, "_validated", False):
+                setattr(cls, name, _validated(method, inverse))
+
+    def check_call(self, x: Tensor, context: Tensor | None, *, inverse: bool = False) -> None:
+        """Raise unless ``x`` (and ``context``) fit this transform; run before every fused call.
+
+        Checks that ``x`` is a real floating-point tensor ``(*batch, *event_shape)`` (the latent
+        event shape when ``inverse``) of the dtype of the module's parameters (outside autocast);
+        for a conditional transform (``context_features > 0``) that the context is present, ``(*batch, context_features)`` (or a map ``(*batch,
+        context_features, H, W)`` for images), finite; and for any context given that it has the
+        dtype and device of ``x`` and a batch shape that broadcasts to ``x``'s.
+
+        Raises:
+            TypeError: for a non-tensor, an integer/bool/complex input or context, or a context of
+                another dtype or device than the input.
+            ValueError: for a wrong event shape, a missing or unexpected-width context, a context
+                batch that does not broadcast to the input's, or a NaN/Inf context.
+        """
+        who = type(self).__name__
+        event = self.event_shape_out if inverse else self.event_shape
+        what = "latent input" if inverse else "input"
+        check_event(x, event, who, what)
+        if not x.is_floating_point():
+            raise TypeError(f"{who}: expected a real floating-point {what}, got dtype {x.dtype}")
+        reference = next(self.parameters(), None)
+        if reference is not None and reference.dtype != x.dtype and not torch.is_autocast_enabled(x.device.type):
+            raise TypeError(
+                f"{who}: expected {what} of dtype {reference.dtype} (the module's), got {x.dtype}; "
+                "convert the data or the module with .to(...)"
+            )
+        features = getattr(self, "context_features", None)
+        conditional = isinstance(features, int) and features > 0
+        if conditional and context is None:
+            check_context(context, features, who)  # raises: expected a context, got None
+        if context is not None:
+            check_context_like(context, x, len(event), who, features if conditional else None)
+            if conditional:
+                check_finite(context, who, "context", hint=None)
 
     # -- the contract -------------------------------------------------------------------------
     def forward_and_log_det(self, x: Tensor, context: Tensor | None = None) -> tuple[Tensor, Tensor]:

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 from torch import Tensor
 
+from flows._validation import check_context_like
 from flows.bijections.base import Bijection
 
 __all__ = ["SharedBlocks"]
@@ -55,6 +56,8 @@ class SharedBlocks(Bijection):
     def _run(self, x: Tensor, context: Tensor | None, inverse: bool) -> tuple[Tensor, Tensor]:
         blocks = x.unflatten(-1, (self.blocks, self.block_size))
         if context is not None:
+            # a vector context (its width is the inner transform's to check) whose batch fits x's
+            check_context_like(context, x, 1, "SharedBlocks", context.shape[-1] if context.dim() else 1)
             context = context.unsqueeze(-2).expand(*blocks.shape[:-1], context.shape[-1])
         run = self.transform.inverse_and_log_det if inverse else self.transform.forward_and_log_det
         y, ladj = run(blocks, context)

@@ -55,6 +55,8 @@ class Invertible1x1Conv(LULinear):
         (True, True)
     """
 
+    _spatial = 2  # one matrix, shared over the height and width axes
+
     def __init__(self, channels: int, *, lu: bool = False, generator: torch.Generator | None = None) -> None:
         if not isinstance(channels, int) or isinstance(channels, bool) or channels < 1:
             raise ValueError(f"Invertible1x1Conv: expected a positive int number of channels, got {channels!r}")

@@ -31,7 +31,8 @@ class LULinear(Bijection):
     * inverse: :math:`x = W^{-1}(z - b)` by two triangular solves (O(D²) per sample).
 
     Args:
-        features: number of features ``D`` (the axis the matrix acts on).
+        features: number of features ``D`` (the axis the matrix acts on); the event is the vector
+            ``(D,)``, and an event with more axes is refused (``ValueError``).
         init: ``"identity"`` (``W = I``) or ``"orthogonal"`` (the LU factors of a random rotation,
             as in Glow).
         bias: learn a bias ``b``.
@@ -57,9 +58,18 @@ class LULinear(Bijection):
         generator: torch.Generator | None = None,
     ) -> None:
         super().__init__(features)
+        name = type(self).__name__
+        if len(self.event_shape) != 1 + self._spatial:
+            # The matrix acts on one axis (and is shared over `_spatial` trailing ones): applying it
+            # to an event with more axes would mix memory chunks of the flattened event instead.
+            expected = "(features,)" if not self._spatial else f"(channels{', *' * self._spatial})"
+            raise ValueError(
+                f"{name}: expected an event of shape {expected} ({1 + self._spatial} axis/axes), got "
+                f"{tuple(self.event_shape)}; flatten the event first (flows.Flatten) or use a layer for that shape"
+            )
         n = self.event_shape[0]
         if n is None:
-            raise ValueError(f"{type(self).__name__}: the number of features/channels must be given")
+            raise ValueError(f"{name}: the number of features/channels must be given")
         if init == "identity":
             perm, lower, upper = torch.arange(n), torch.eye(n), torch.eye(n)
         elif init == "orthogonal":

@@ -57,6 +57,11 @@ class ActNorm(Bijection):
 
     def __init__(self, features: int | Sequence[int | None], *, eps: float = 1e-6) -> None:
         super().__init__(features)
+        if len(self.event_shape) != 1 + self._spatial:
+            expected = "(features,)" if not self._spatial else "(channels, H, W)"
+            raise ValueError(
+                f"{type(self).__name__}: expected an event of shape {expected}, got {tuple(self.event_shape)}"
+            )
         channels = self.event_shape[0]
         if channels is None:
             raise ValueError(f"{type(self).__name__}: the number of features/channels must be given")
@@ -71,14 +76,33 @@ class ActNorm(Bijection):
 
     @torch.no_grad()
     def _initialize(self, x: Tensor) -> None:
+        r"""Set ``s, b`` from the statistics of ``x`` (all processes' batches together).
+
+        Corrected two-pass algorithm (Chan, Golub, LeVeque 1983): a first pass for the mean
+        :math:`\bar x`, a second for the deviations :math:`d = x - \bar x`, whose mean corrects
+        :math:`\bar x` and whose second moment gives the variance
+        :math:`\sigma^2 = \overline{d^2} - \bar d^{\,2}`. Unlike :math:`E[x^2] - \mu^2`, this
+        does not cancel catastrophically for data far from zero (float32 data of mean 1e4 and unit
+        spread get their exact statistics, not a spread of 0 or 8). An empty batch leaves the layer
+        uninitialised.
+        """
         channel_axis = x.dim() - len(self.event_shape)
         flat = x.movedim(channel_axis, 0).reshape(self.event_shape[0], -1)
-        stats = torch.stack((flat.sum(1), flat.square().sum(1), torch.full_like(flat[:, 0], flat.shape[1])))
-        if dist.is_available() and dist.is_initialized():
-            dist.all_reduce(stats)
-        count = stats[2]
-        mean = stats[0] / count
-        std = (stats[1] / count - mean.square()).clamp_min(0).sqrt()
+        distributed = dist.is_available() and dist.is_initialized()
+        first = torch.stack((flat.sum(1), flat.new_full((flat.shape[0],), flat.shape[1])))
+        if distributed:
+            dist.all_reduce(first)
+        count = first[1]
+        if not bool((count > 0).all()):
+            return
+        mean = first[0] / count
+        deviation = flat - mean[:, None]
+        second = torch.stack((deviation.sum(1), deviation.square().sum(1)))
+        if distributed:
+            dist.all_reduce(second)
+        correction = second[0] / count
+        mean = mean + correction
+        std = (second[1] / count - correction.square()).clamp_min(0).sqrt()
         std = torch.where(std > self.eps, std, torch.ones_like(std))
         self.log_scale.copy_((-std.log()).view_as(self.log_scale))
         self.shift.copy_((-mean / std).view_as(self.shift))

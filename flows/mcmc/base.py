@@ -182,7 +182,12 @@ class Kernel(nn.Module):
         return self.target.event_shape
 
     def check_positions(self, x: Tensor) -> None:
-        """Raise unless ``x`` is a finite floating-point batch ``(chains, *event_shape)``."""
+        """Raise unless ``x`` is a non-empty, finite, real floating-point batch ``(chains, *event_shape)``.
+
+        Raises:
+            TypeError: for a non-tensor or a tensor that is not real floating point.
+            ValueError: for a wrong shape, no chains, or NaN/±inf positions.
+        """
         name = type(self).__name__
         if not isinstance(x, Tensor):
             raise TypeError(f"{name}: expected positions to be a torch.Tensor, got {type(x).__name__}")
@@ -193,11 +198,60 @@ class Kernel(nn.Module):
             )
         if not x.is_floating_point():
             raise TypeError(f"{name}: expected floating-point positions, got dtype {x.dtype}")
+        if x.shape[0] == 0:
+            raise ValueError(f"{name}: expected at least one chain, got positions of shape {tuple(x.shape)}")
+        finite = torch.isfinite(x.flatten(1)).all(-1)
+        if not bool(finite.all()):
+            bad = (~finite).nonzero().squeeze(-1)
+            raise ValueError(
+                f"{name}: expected finite starting positions, got NaN/Inf in {bad.numel()} chain(s), "
+                f"the first chain {int(bad[0])}"
+            )
+
+    def check_start(self, state: State) -> State:
+        r"""Raise unless the target's log-density (and gradient, when cached) is finite at every chain.
+
+        A chain started where :math:`u(x) = +\infty` (or NaN) never moves under a Metropolis
+        correction, or moves by a NaN gradient: the docs promise finite starting states, so such a
+        start is refused instead of returning a chain stuck where it began.
+
+        Returns:
+            ``state`` itself.
+
+        Raises:
+            ValueError: naming the first chain with a non-finite energy or gradient.
+        """
+        name = type(self).__name__
+        finite = torch.isfinite(state.log_prob)
+        if not bool(finite.all()):
+            first = int((~finite).nonzero()[0, 0])
+            raise ValueError(
+                f"{name}: expected a finite energy at every starting position, got u = "
+                f"{float(-state.log_prob[first])} at chain {first} ({int((~finite).sum())} chain(s) in all)"
+            )
+        if state.grad is not None:
+            finite = torch.isfinite(state.grad.flatten(1)).all(-1)
+            if not bool(finite.all()):
+                first = int((~finite).nonzero()[0, 0])
+                raise ValueError(
+                    f"{name}: expected a finite energy gradient at every starting position, got NaN/Inf at "
+                    f"chain {first} ({int((~finite).sum())} chain(s) in all)"
+                )
+        return state
 
     def init(self, x: Tensor) -> State:
-        """The state at positions ``x`` (``(chains, *event_shape)``): evaluates the target there."""
+        """The state at positions ``x`` (``(chains, *event_shape)``): evaluates the target there.
+
+        Raises:
+            TypeError: for positions that are not a real floating-point tensor.
+            ValueError: for a wrong shape, no chains, non-finite positions, or a non-finite
+                energy (or gradient, for gradient-based kernels) at a starting position.
+        """
         self.check_positions(x)
-        x = x.detach()
+        return self.check_start(self._initial_state(x.detach()))
+
+    def _initial_state(self, x: Tensor) -> State:
+        """The state at checked positions ``x`` (subclasses add what they cache, e.g. the gradient)."""
         with torch.no_grad():
             log_prob = -self.target.energy(x)
         return State(x, log_prob)

@@ -109,7 +109,8 @@ class GlobalLocal(Kernel):
         return self.global_kernel.flow
 
     def init(self, x: Tensor) -> State:
-        return self.local_kernel.init(x)
+        self.check_positions(x)
+        return self.check_start(self.local_kernel.init(x))
 
     def _remember(self, x: Tensor) -> None:
         self._memory.append(x.detach().reshape(-1, *self.event_shape))

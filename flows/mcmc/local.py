@@ -165,9 +165,8 @@ class MALA(_StepSizeKernel):
     ) -> None:
         super().__init__(target, step_size, adapt_step_size=adapt_step_size, target_accept=target_accept)
 
-    def init(self, x: Tensor) -> State:
-        self.check_positions(x)
-        return self._with_grad(State(x.detach(), torch.empty(0)))
+    def _initial_state(self, x: Tensor) -> State:
+        return self._with_grad(State(x, torch.empty(0)))
 
     def step(self, state: State, *, adapt: bool = False) -> tuple[State, StepInfo]:
         state = self._with_grad(state)
@@ -251,9 +250,8 @@ class HMC(_StepSizeKernel):
             raise ValueError(f"HMC: expected n_leapfrog to be a positive int, got {n_leapfrog!r}")
         self.n_leapfrog = n_leapfrog
 
-    def init(self, x: Tensor) -> State:
-        self.check_positions(x)
-        return self._with_grad(State(x.detach(), torch.empty(0)))
+    def _initial_state(self, x: Tensor) -> State:
+        return self._with_grad(State(x, torch.empty(0)))
 
     def step(self, state: State, *, adapt: bool = False) -> tuple[State, StepInfo]:
         state = self._with_grad(state)

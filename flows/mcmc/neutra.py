@@ -16,6 +16,7 @@ from collections.abc import Callable, Sequence
 import torch
 from torch import Tensor
 
+from flows._validation import check_like
 from flows.flow import Flow
 from flows.mcmc.base import FlowWatch, Kernel, State, StepInfo, check_flow_matches
 from flows.mcmc.local import MALA
@@ -75,8 +76,9 @@ class PullbackTarget(EnergyTarget):
             return self.flow.transform.inverse_and_log_det(z)
 
     def energy(self, z: Tensor) -> Tensor:
+        self._check_input(z)
         x, ladj = self.to_data(z)
-        return self.target.energy(x) - ladj
+        return self._overflow_to_inf(self.target.energy(x) - ladj, z)
 
     def energy_and_grad(self, z: Tensor, *, create_graph: bool = False) -> tuple[Tensor, Tensor]:
         if create_graph:
@@ -85,6 +87,7 @@ class PullbackTarget(EnergyTarget):
         return -log_prob, grad.neg_()
 
     def log_prob_and_grad(self, z: Tensor) -> tuple[Tensor, Tensor]:
+        self._check_input(z)
         with torch.enable_grad():
             z = z.detach().requires_grad_(True)
             x, ladj = self.to_data(z)
@@ -158,6 +161,8 @@ class NeuTra(Kernel):
         return f"latent@{id(self)}"
 
     def init(self, x: Tensor) -> State:
+        self.check_positions(x)
+        check_like(x, self.flow._anchor, "NeuTra", "positions")
         state = super().init(x)
         return State(state.x, state.log_prob, None, {self._cache_key(): (self.latent.watch.version(), self._pull(x))})
 

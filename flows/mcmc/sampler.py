@@ -91,7 +91,9 @@ def sample(
         The :class:`Trace`.
 
     Raises:
-        ValueError: for negative step counts, ``thin < 1`` or positions of the wrong shape.
+        ValueError: for negative step counts, ``thin < 1``, positions of the wrong shape, no
+            chains, or starting positions that are not finite or have a non-finite energy.
+        TypeError: for positions that are not a real floating-point tensor.
 
     Example:
         >>> import torch
@@ -111,6 +113,7 @@ def sample(
             raise ValueError(f"sample: expected {name} to be an int >= {low}, got {value!r}")
     if isinstance(start, State):
         kernel.check_positions(start.x)
+        kernel.check_start(start)
     elif not isinstance(start, Tensor):
         raise TypeError(f"sample: expected start to be a Tensor or a State, got {type(start).__name__}")
     with evaluating(kernel):  # flows and targets in eval mode once (online flow training switches itself)

@@ -8,7 +8,7 @@ from collections.abc import Sequence
 import torch
 from torch import Tensor, nn
 
-from flows._validation import as_shape, check_event
+from flows._validation import as_shape, check_event, check_real
 
 __all__ = ["EnergyTarget"]
 
@@ -50,8 +50,32 @@ class EnergyTarget(nn.Module):
         return math.prod(self.event_shape)
 
     def energy(self, x: Tensor) -> Tensor:
-        """Energy :math:`u(x)` of configurations ``(*batch, *event_shape)``, shape ``batch``."""
+        r"""Energy :math:`u(x)` of configurations ``(*batch, *event_shape)``, shape ``batch``.
+
+        The library's targets refuse integer and complex inputs (``TypeError``) and wrong event
+        shapes (``ValueError``), and return :math:`u = +\infty` (not NaN) where the input has no
+        NaN but the energy overflows far out (``1e30``, or ``±inf`` coordinates, or coinciding
+        particles of a repulsive potential): every target here is confining, so an overflow is an
+        infinite energy, and an importance weight :math:`e^{-u}` there is exactly 0. A NaN input
+        gives a NaN energy.
+        """
         raise NotImplementedError
+
+    def _check_input(self, x: Tensor) -> None:
+        """Raise unless ``x`` is a real floating-point tensor ``(*batch, *event_shape)``."""
+        name = type(self).__name__
+        check_real(x, name)
+        check_event(x, self.event_shape, name)
+
+    def _overflow_to_inf(self, u: Tensor, x: Tensor) -> Tensor:
+        r"""``u`` with NaN replaced by ``+inf`` where ``x`` holds no NaN (an overflow far out, e.g. ``inf - inf``).
+
+        Valid for confining energies (:math:`u \to +\infty` as :math:`\|x\| \to \infty`, and
+        at the singular points of repulsive pair potentials); a NaN input keeps its NaN.
+        """
+        n = len(self.event_shape)
+        clean = ~torch.isnan(x).flatten(x.dim() - n).any(-1) if n else ~torch.isnan(x)
+        return torch.where(torch.isnan(u) & clean, torch.inf, u)
 
     def log_prob(self, x: Tensor, context: Tensor | None = None, *, normalized: bool = False) -> Tensor:
         r"""Unnormalised log-density :math:`-u(x)`; with ``normalized=True``, :math:`-u(x) - \log Z`.

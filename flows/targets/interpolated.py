@@ -58,11 +58,14 @@ class InterpolatedEnergy(EnergyTarget):
             self.log_Z = end.log_Z
 
     def energy(self, x: Tensor) -> Tensor:
+        self._check_input(x)
         if self.lam == 0.0:
-            return self.start.energy(x)
-        if self.lam == 1.0:
-            return self.end.energy(x)
-        return (1.0 - self.lam) * self.start.energy(x) + self.lam * self.end.energy(x)
+            u = self.start.energy(x)
+        elif self.lam == 1.0:
+            u = self.end.energy(x)
+        else:
+            u = (1.0 - self.lam) * self.start.energy(x) + self.lam * self.end.energy(x)
+        return self._overflow_to_inf(u, x)
 
     def extra_repr(self) -> str:
         return f"lam={self.lam}"
@@ -118,8 +121,9 @@ class TemperedEnergy(EnergyTarget):
         return self.target.log_Z if self._temperature == 1.0 else None
 
     def energy(self, x: Tensor) -> Tensor:
+        self._check_input(x)
         u = self.target.energy(x)
-        return u if self._temperature == 1.0 else u / self._temperature
+        return self._overflow_to_inf(u if self._temperature == 1.0 else u / self._temperature, x)
 
     def extra_repr(self) -> str:
         return f"temperature={self._temperature}"

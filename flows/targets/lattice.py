@@ -5,7 +5,6 @@ from __future__ import annotations
 import torch.nn.functional as F
 from torch import Tensor
 
-from flows._validation import check_event
 from flows.targets.base import EnergyTarget
 
 __all__ = ["PhiFour"]
@@ -89,17 +88,17 @@ class PhiFour(EnergyTarget):
 
     def potential(self, x: Tensor) -> Tensor:
         r"""The energy :math:`U(\phi)` at :math:`\beta = 1`, shape ``batch``."""
-        check_event(x, self.event_shape, type(self).__name__)
+        self._check_input(x)
         coef = self.a * self.n
         local = (0.25 * (1 - x.square()).square() + self.b * x).flatten(-self.dims).sum(-1)
-        return 0.5 * coef * self._bond_sum(x) + local / coef
+        return self._overflow_to_inf(0.5 * coef * self._bond_sum(x) + local / coef, x)
 
     def energy(self, x: Tensor) -> Tensor:
         return self.beta * self.potential(x)
 
     def magnetization(self, x: Tensor) -> Tensor:
         r"""Mean field :math:`\bar\phi` (average over sites), shape ``batch``; its sign names the mode."""
-        check_event(x, self.event_shape, type(self).__name__)
+        self._check_input(x)
         return x.flatten(-self.dims).mean(-1)
 
     def extra_repr(self) -> str:

@@ -12,7 +12,6 @@ from collections.abc import Sequence
 import torch
 from torch import Tensor
 
-from flows._validation import check_event
 from flows.targets.base import EnergyTarget
 
 __all__ = ["Gaussian", "GaussianMixture"]
@@ -62,10 +61,10 @@ class Gaussian(EnergyTarget):
         self.register_buffer("scale", scale.expand(self.event_shape).clone())
 
     def energy(self, x: Tensor) -> Tensor:
-        check_event(x, self.event_shape, type(self).__name__)
+        self._check_input(x)
         dims = tuple(range(x.dim() - len(self.event_shape), x.dim()))
         u = 0.5 * ((x - self.loc) / self.scale).square() + self.scale.log() + 0.5 * _LOG_2PI
-        return u.sum(dims)
+        return self._overflow_to_inf(u.sum(dims), x)
 
     @torch.no_grad()
     def sample(self, sample_shape: Sequence[int] | int = (), *, generator: torch.Generator | None = None) -> Tensor:
@@ -169,14 +168,14 @@ class GaussianMixture(EnergyTarget):
 
     def component_log_probs(self, x: Tensor) -> Tensor:
         r""":math:`\log w_k + \log \mathcal N(x; \mu_k, \sigma_k^2)`, shape ``(*batch, K)``."""
-        check_event(x, self.event_shape, type(self).__name__)
+        self._check_input(x)
         n = len(self.event_shape)
         z = (x.unsqueeze(-n - 1) - self.locs) / self.scales
         dims = tuple(range(-n, 0))
         return self.log_weights - (0.5 * z.square() + self.scales.log()).sum(dims) - 0.5 * self.dim * _LOG_2PI
 
     def energy(self, x: Tensor) -> Tensor:
-        return -torch.logsumexp(self.component_log_probs(x), dim=-1)
+        return self._overflow_to_inf(-torch.logsumexp(self.component_log_probs(x), dim=-1), x)
 
     def assign(self, x: Tensor) -> Tensor:
         """Index of the most probable component of each sample (the mode it belongs to), shape ``batch``."""

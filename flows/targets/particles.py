@@ -16,7 +16,6 @@ import numpy as np
 import torch
 from torch import Tensor
 
-from flows._validation import check_event
 from flows.data.files import data_file
 from flows.targets.base import EnergyTarget
 
@@ -42,7 +41,7 @@ class ParticleSystem(EnergyTarget):
 
     def positions(self, x: Tensor) -> Tensor:
         """``x`` as positions ``(*batch, n_particles, spatial_dim)``."""
-        check_event(x, self.event_shape, type(self).__name__)
+        self._check_input(x)
         return x.unflatten(-1, (self.n_particles, self.spatial_dim))
 
     def distances(self, x: Tensor) -> Tensor:
@@ -118,7 +117,7 @@ class DW4(ParticleSystem):
     def energy(self, x: Tensor) -> Tensor:
         r = self.distances(x) - self.d0
         r2 = r.square()
-        return (self.a * r2.square() + self.b * r2).sum(-1)
+        return self._overflow_to_inf((self.a * r2.square() + self.b * r2).sum(-1), x)
 
     def extra_repr(self) -> str:
         return f"a={self.a}, b={self.b}, d0={self.d0}"
@@ -165,7 +164,7 @@ class LJ13(ParticleSystem):
     def energy(self, x: Tensor) -> Tensor:
         inv6 = (self.r_m / self.distances(x)).pow(6)
         lj = 2 * self.epsilon * (inv6.square() - 2 * inv6).sum(-1)
-        return lj + 0.5 * self.oscillator * self.centre(x).square().sum(-1)
+        return self._overflow_to_inf(lj + 0.5 * self.oscillator * self.centre(x).square().sum(-1), x)
 
     def extra_repr(self) -> str:
         return f"epsilon={self.epsilon}, r_m={self.r_m}, oscillator={self.oscillator}"

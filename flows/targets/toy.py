@@ -13,7 +13,6 @@ from collections.abc import Sequence
 import torch
 from torch import Tensor
 
-from flows._validation import check_event
 from flows.targets.base import EnergyTarget
 
 __all__ = ["Banana", "Funnel"]
@@ -61,17 +60,18 @@ class Funnel(EnergyTarget):
         self.log_Z = math.log(self.scale) + 0.5 * dim * _LOG_2PI
 
     def energy(self, x: Tensor) -> Tensor:
-        check_event(x, self.event_shape, type(self).__name__)
+        self._check_input(x)
         v, rest = x[..., 0], x[..., 1:]
-        return (
+        u = (
             0.5 * (v / self.scale).square()
             + 0.5 * rest.square().sum(-1) * torch.exp(-self.b * v)
             + 0.5 * (self.dim - 1) * self.b * v
         )
+        return self._overflow_to_inf(u, x)
 
     def latent(self, x: Tensor) -> Tensor:
         r"""The standard normal variables behind ``x``: :math:`(v/s,\; x_i e^{-bv/2})`."""
-        check_event(x, self.event_shape, type(self).__name__)
+        self._check_input(x)
         v = x[..., :1]
         return torch.cat((v / self.scale, x[..., 1:] * torch.exp(-0.5 * self.b * v)), dim=-1)
 
@@ -127,14 +127,14 @@ class Banana(EnergyTarget):
 
     def latent(self, x: Tensor) -> Tensor:
         r"""The standard normal :math:`\varepsilon` behind ``x`` (the inverse of the twist)."""
-        check_event(x, self.event_shape, type(self).__name__)
+        self._check_input(x)
         pairs = x.unflatten(-1, (self.dim // 2, 2))
         even, odd = pairs[..., 0], pairs[..., 1]
         eps = torch.stack((even / self.a, odd - self.b * even.square() + self.a**2 * self.b), dim=-1)
         return eps.flatten(-2)
 
     def energy(self, x: Tensor) -> Tensor:
-        return 0.5 * self.latent(x).square().sum(-1)
+        return self._overflow_to_inf(0.5 * self.latent(x).square().sum(-1), x)
 
     @torch.no_grad()
     def sample(self, sample_shape: Sequence[int] | int = (), *, generator: torch.Generator | None = None) -> Tensor:

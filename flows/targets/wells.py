@@ -20,7 +20,6 @@ import numpy as np
 import torch
 from torch import Tensor
 
-from flows._validation import check_event
 from flows.targets._quadrature import log_trapezoid_1d, log_trapezoid_2d
 from flows.targets.base import EnergyTarget
 
@@ -133,9 +132,9 @@ class ManyWell(EnergyTarget):
         return self.a * t + self.b * t2 + self.c * t2.square()
 
     def energy(self, x: Tensor) -> Tensor:
-        check_event(x, self.event_shape, type(self).__name__)
+        self._check_input(x)
         pairs = x.unflatten(-1, (self.n_wells, 2))
-        return (self.well_energy(pairs[..., 0]) + 0.5 * pairs[..., 1].square()).sum(-1)
+        return self._overflow_to_inf((self.well_energy(pairs[..., 0]) + 0.5 * pairs[..., 1].square()).sum(-1), x)
 
     def free_energy(self, t: Tensor) -> Tensor:
         r"""Exact free energy of one even coordinate, :math:`F(t) = -\log p(t) = u_1(t) + \log Z_1` (nats)."""
@@ -143,7 +142,7 @@ class ManyWell(EnergyTarget):
 
     def well_signs(self, x: Tensor) -> Tensor:
         """Which well each pair is in, ``x[..., 0::2] > 0``, shape ``(*batch, dim/2)``; the sign pattern is the mode."""
-        check_event(x, self.event_shape, type(self).__name__)
+        self._check_input(x)
         return x[..., 0::2] > 0
 
     def expected_modes_covered(self, n: int) -> float:
@@ -284,10 +283,11 @@ class MullerBrown(EnergyTarget):
 
     def potential(self, x: Tensor) -> Tensor:
         """The Müller-Brown potential :math:`V(x)` (at ``beta = 1``), shape ``batch``."""
-        check_event(x, self.event_shape, type(self).__name__)
+        self._check_input(x)
         dx = x[..., 0:1] - self._x0
         dy = x[..., 1:2] - self._y0
-        return (self._A * torch.exp(self._a * dx.square() + self._b * dx * dy + self._c * dy.square())).sum(-1)
+        v = (self._A * torch.exp(self._a * dx.square() + self._b * dx * dy + self._c * dy.square())).sum(-1)
+        return self._overflow_to_inf(v, x)
 
     def energy(self, x: Tensor) -> Tensor:
         return self.beta * self.potential(x)
