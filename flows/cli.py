@@ -27,6 +27,10 @@ import sys
 from collections.abc import Sequence
 from pathlib import Path
 
+import torch
+
+from flows import __version__
+
 __all__ = ["main"]
 
 
@@ -59,6 +63,7 @@ def _parser() -> argparse.ArgumentParser:
         formatter_class=argparse.RawDescriptionHelpFormatter,
     )
     parser.epilog = "Run 'flows COMMAND --help' for the options of a command."
+    parser.add_argument("--version", action="version", version=f"flows {__version__} (torch {torch.__version__})")
     sub = parser.add_subparsers(dest="command", metavar="COMMAND")
     sub.required = True
 
