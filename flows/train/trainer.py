@@ -27,7 +27,7 @@ from flows.auxiliary import AuxiliaryLosses
 from flows.data.loader import TensorLoader
 from flows.flow import evaluating
 from flows.train.batching import Data, as_tensors, epoch_batches, steps_in_epoch, to_device, train_loader, val_loader
-from flows.train.callbacks import Callback, progress_bar
+from flows.train.callbacks import Callback, bar_output, progress_bar
 from flows.train.distributed import ObjectiveModule, all_reduce_weighted_mean, get_rank, get_world_size
 from flows.train.guard import NonFiniteGuard, TrainingWarning, global_grad_norm
 from flows.train.history import History
@@ -251,6 +251,7 @@ class Trainer:
         stack = contextlib.ExitStack()
         try:
             stack.enter_context(stop_on_signals(self))
+            stack.enter_context(bar_output(bar))  # logs and warnings above the bar
             while stop_reason is None:
                 if epochs is not None and self.epoch >= epochs:
                     stop_reason = "epochs"
