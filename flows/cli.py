@@ -157,6 +157,9 @@ def _parser() -> argparse.ArgumentParser:
     sample.add_argument("--out", type=Path, help="output .npy file (default: <run>/samples.npy)")
     sample.add_argument("--picture", type=Path, help="output picture (default: the .npy path with .png)")
     sample.add_argument("--seed", type=int, default=0)
+    sample.add_argument(
+        "--overwrite", action="store_true", help="replace earlier samples instead of numbering new ones"
+    )
 
     check = sub.add_parser("check", help="run flows.testing.check_bijection on every layer of a trained model")
     check.add_argument("run", type=Path, help="run directory or model.ckpt")

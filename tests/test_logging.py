@@ -135,3 +135,24 @@ def test_real_tensorboard_event_files(tmp_path: Path) -> None:
     events.Reload()
     values = [(e.step, e.value) for e in events.Scalars("val_loss")]
     assert values == [(r["step"], pytest.approx(r["val_loss"], rel=1e-6)) for r in history.records]
+
+
+def test_flows_sample_keeps_earlier_samples_unless_asked(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    import numpy as np
+
+    from flows.cli import main
+
+    out = tmp_path / "run"
+    tiny = ["--epochs", "1", "--transforms", "1", "--hidden", "4", "--no-plots", "--quiet", "--patience", "0"]
+    assert main(["fit", "--data", "moons", "--out", str(out), *tiny]) == 0
+    assert main(["sample", str(out), "-n", "5", "--seed", "1"]) == 0
+    first = np.load(out / "samples.npy")
+    assert main(["sample", str(out), "-n", "5", "--seed", "2"]) == 0  # numbered, the first one kept
+    assert (out / "samples-2.npy").is_file() and (out / "samples-2.png").is_file()
+    np.testing.assert_array_equal(np.load(out / "samples.npy"), first)
+    assert "samples-2.png" in capsys.readouterr().out
+    assert main(["sample", str(out), "-n", "5", "--out", str(out / "samples.npy")]) == 2  # a named file: refused
+    assert "pass --overwrite" in capsys.readouterr().err
+    assert main(["sample", str(out), "-n", "5", "--seed", "3", "--overwrite"]) == 0
+    assert not np.array_equal(np.load(out / "samples.npy"), first)
+    assert not (out / "samples-3.npy").exists()

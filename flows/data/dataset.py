@@ -29,7 +29,7 @@ from torch import Tensor
 
 from flows.data.digits import DIGITS_LEVELS, load_digits
 from flows.data.mnist import MNIST_LEVELS, load_mnist
-from flows.data.tabular import SKLEARN_TABLES, load_array, load_miniboone, load_sklearn_table
+from flows.data.tabular import SKLEARN_TABLES, csv_columns, load_array, load_miniboone, load_sklearn_table
 
 __all__ = ["DATASETS", "Dataset", "load_dataset", "split_data"]
 
@@ -50,6 +50,7 @@ class Dataset:
         image_shape: ``(H, W)`` or ``(C, H, W)`` when the samples are images, stored flat as vectors
             (for pictures, and for image models to reshape).
         note: a caveat to show users (e.g. "not comparable to published numbers").
+        columns: feature names (a CSV file's header), for axis labels; ``None`` when unnamed.
     """
 
     name: str
@@ -59,6 +60,7 @@ class Dataset:
     levels: int | None = None
     image_shape: tuple[int, ...] | None = None
     note: str = ""
+    columns: tuple[str, ...] | None = None
 
     @property
     def event_shape(self) -> tuple[int, ...]:
@@ -185,4 +187,7 @@ def load_dataset(
     image_shape = tuple(train.shape[1:]) if train.dim() >= 3 else None
     if image_shape is not None:  # vector flows see flat events; the shape is kept for pictures
         train, val, test = (None if t is None else t.reshape(len(t), -1) for t in (train, val, test))
-    return Dataset(path.name, train, val, test, levels=levels, image_shape=image_shape)
+    columns = csv_columns(path) if path.suffix.lower() == ".csv" else None
+    if columns is not None and len(columns) != math.prod(train.shape[1:]):
+        columns = None
+    return Dataset(path.name, train, val, test, levels=levels, image_shape=image_shape, columns=columns)
