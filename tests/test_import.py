@@ -108,3 +108,15 @@ def test_compiler_disable_keeps_a_deferred_function_out_of_the_graph() -> None:
     torch.testing.assert_close(compiled(v), expected)
     torch.testing.assert_close(compiled(v), expected)
     assert uniform_dequantize.__name__ == "uniform_dequantize" and "levels" in uniform_dequantize.__doc__
+
+
+def test_import_time_benchmark_reports_no_heavy_module(capsys: pytest.CaptureFixture[str]) -> None:
+    import importlib.util
+
+    spec = importlib.util.spec_from_file_location("import_time", ROOT / "benchmarks" / "import_time.py")
+    module = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(module)
+    results = module.main(["--rounds", "1"])
+    assert {name for _, name in results} == {"import flows", "flows --help"}
+    assert all(r["heavy"] == [] and r["modules"] > 0 and r["wall"] > 0 for r in results.values())
+    assert "heavy modules loaded" in capsys.readouterr().out
