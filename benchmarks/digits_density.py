@@ -229,7 +229,7 @@ def main(argv: list[str] | None = None) -> dict[str, tuple[float, float]]:
     parser.add_argument("--best-hidden", type=int, nargs="+", default=[160, 160])
     parser.add_argument("--best-bins", type=int, default=8)
     parser.add_argument("--best-bound", type=float, default=3.0, help="logit(0.05) = -2.94: the data's range")
-    parser.add_argument("--best-dropout", type=float, default=0.1)
+    parser.add_argument("--best-dropout", type=float, default=0.0)
     parser.add_argument("--best-alternate", action="store_true", help="alternating orders instead of random ones")
     parser.add_argument("--select", action="store_true", help="choose flows-best's options on a validation split")
     parser.add_argument("--val-size", type=float, default=0.2, help="fraction of the training images for --select")

@@ -45,7 +45,8 @@ CODES = {
 def probe(tree: Path, code: str) -> dict:
     env = {**os.environ, "PYTHONPATH": str(tree), "OMP_NUM_THREADS": "1"}
     script = _PROBE.format(code=code, heavy=HEAVY)
-    done = subprocess.run([sys.executable, "-c", script], env=env, capture_output=True, text=True, check=True)
+    # cwd=tree: ``python -c`` puts the working directory first on sys.path, before PYTHONPATH
+    done = subprocess.run([sys.executable, "-c", script], env=env, cwd=tree, capture_output=True, text=True, check=True)
     return json.loads(done.stdout.strip().splitlines()[-1])
 
 
@@ -53,12 +54,14 @@ def main(argv: list[str] | None = None) -> dict:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--rounds", type=int, default=7)
     parser.add_argument("--trees", nargs="+", type=Path, default=[ROOT], help="checkouts to compare")
+    parser.add_argument("--what", nargs="+", choices=list(CODES), default=list(CODES), help="commands to time")
     args = parser.parse_args(argv)
-    runs: dict[tuple[str, str], list[dict]] = {(str(t), c): [] for t in args.trees for c in CODES}
+    args.trees = [t.resolve() for t in args.trees]
+    runs: dict[tuple[str, str], list[dict]] = {(str(t), c): [] for t in args.trees for c in args.what}
     for _ in range(args.rounds):
         for tree in args.trees:
-            for name, code in CODES.items():
-                runs[str(tree), name].append(probe(tree, code))
+            for name in args.what:
+                runs[str(tree), name].append(probe(tree, CODES[name]))
     results = {}
     print(f"{'tree':<28} {'command':<14} {'wall s':>7} {'CPU s':>7} {'modules':>8}  heavy modules loaded")
     for (tree, name), samples in runs.items():
