@@ -2,7 +2,14 @@
 
 Direction convention: a transform's forward direction maps data ``x`` to latent ``z``, and
 ``log p(x) = log p_Z(f(x)) + log|det J_f(x)|``. Sampling runs the inverse.
+
+Importing is cheap: ``torch._dynamo``, ``scipy``, ``torchdiffeq``, ``matplotlib`` and ``tqdm`` are
+imported where first used. The library logs through :mod:`logging` under the ``flows`` logger
+(silent until an application configures logging) and prints nothing itself; the ``flows`` command
+prints its own results.
 """
+
+import logging as _logging
 
 from flows.architectures import FFJORD, IAF, MAF, NICE, NSF, FreeFormInjectiveFlow, Glow, RealNVP
 from flows.auxiliary import AuxiliaryLosses, add_auxiliary_loss
@@ -55,6 +62,8 @@ from flows.nn import MADE, MLP, ConvNet, PooledMLP, TimeMLP
 from flows.testing import BijectionCheckError, check_bijection
 
 __version__ = "0.1.0"
+
+_logging.getLogger(__name__).addHandler(_logging.NullHandler())
 
 __all__ = [
     "CNF",

@@ -31,14 +31,18 @@ def _pictures(model: torch.nn.Module, data, directory: Path, name: str = "sample
         elif data.features == 2:
             path = directory / "density.png"
             plot_density_2d(
-                model, data.test if data.test is not None else data.train, path, title=f"density ({data.name})"
+                model,
+                data.test if data.test is not None else data.train,
+                path,
+                title=f"density ({data.name})",
+                labels=data.columns,
             )
             written.append(path)
         else:
             samples = model.sample((2000,))
             reference = data.test if data.test is not None else data.train
             path = directory / "corner.png"
-            plot_corner(samples, reference[:2000], path, title=f"samples vs data ({data.name})")
+            plot_corner(samples, reference[:2000], path, title=f"samples vs data ({data.name})", labels=data.columns)
             written.append(path)
     return written
 
@@ -426,6 +430,16 @@ def eval(args: argparse.Namespace) -> int:
     return 0
 
 
+def _unused_names(out: Path, picture: Path) -> tuple[Path, Path]:
+    """``out`` and ``picture``, or their ``-2``, ``-3``, ... versions, the first number that neither file has."""
+    first_out, first_picture, number = out, picture, 1
+    while out.exists() or picture.exists():
+        number += 1
+        out = first_out.with_name(f"{first_out.stem}-{number}{first_out.suffix}")
+        picture = first_picture.with_name(f"{first_picture.stem}-{number}{first_picture.suffix}")
+    return out, picture
+
+
 def sample(args: argparse.Namespace) -> int:
     from flows.flow import evaluating
     from flows.plot import plot_corner, plot_image_grid
@@ -439,6 +453,11 @@ def sample(args: argparse.Namespace) -> int:
     if out.suffix != ".npy":  # what numpy.save would do silently: say it, and report the real path
         out = out.with_name(out.name + ".npy")
     picture = args.picture or out.with_suffix(".png")
+    if not args.overwrite:  # earlier samples stay: default names get a number, named files need --overwrite
+        if args.out is None and args.picture is None:
+            out, picture = _unused_names(out, picture)
+        elif taken := [str(p) for p in (out, picture) if p.exists()]:
+            raise ValueError(f"expected new output files, got existing {taken}; pass --overwrite to replace them")
     _check_output_file(out, "--out")
     _check_output_file(picture, "--picture")
     _check_picture_format(picture)
@@ -466,7 +485,8 @@ def sample(args: argparse.Namespace) -> int:
     if data is not None and data.image_shape is not None:
         plot_image_grid(shown, picture, image_shape=data.image_shape, title=f"{len(shown)} samples")
     else:
-        plot_corner(shown, None if data is None else data.test, picture, title=f"{len(shown)} samples")
+        labels = None if data is None else data.columns
+        plot_corner(shown, None if data is None else data.test, picture, title=f"{len(shown)} samples", labels=labels)
     print(f"wrote {args.num} samples of shape {tuple(samples.shape[1:])} to {out} and a picture to {picture}")
     return 0
 

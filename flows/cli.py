@@ -43,6 +43,10 @@ import sys
 from collections.abc import Callable, Sequence
 from pathlib import Path
 
+import torch
+
+from flows import __version__
+
 __all__ = ["EXIT_CODES", "main"]
 
 EXIT_CODES = {
@@ -156,6 +160,7 @@ def _parser() -> argparse.ArgumentParser:
         "Run 'flows COMMAND --help' for the options of a command.\n\n"
         f"Errors are one line on stderr ('flows COMMAND: error: ...'). Exit status:\n{codes}"
     )
+    parser.add_argument("--version", action="version", version=f"flows {__version__} (torch {torch.__version__})")
     sub = parser.add_subparsers(dest="command", metavar="COMMAND")
     sub.required = True
 
@@ -303,6 +308,9 @@ def _parser() -> argparse.ArgumentParser:
     sample.add_argument("--out", type=Path, help="output .npy file (default: <run>/samples.npy)")
     sample.add_argument("--picture", type=Path, help="output picture (default: the .npy path with .png)")
     sample.add_argument("--seed", type=_integer(0, _MAX_SEED, "a seed"), default=0, help="seed (default: 0)")
+    sample.add_argument(
+        "--overwrite", action="store_true", help="replace earlier samples instead of numbering new ones"
+    )
 
     check = sub.add_parser("check", help="run flows.testing.check_bijection on every layer of a trained model")
     check.add_argument("run", type=Path, help="run directory or model.ckpt")

@@ -404,9 +404,8 @@ class TimeMLP(nn.Module):
     :math:`[z, \cos(\pi k t), \sin(\pi k t)]_{k=1..\text{freqs}}` (zuko's time embedding; with
     ``freqs=0``, to :math:`[z, t]`), and the context ``c`` when there is one. The default ``freqs=1``
     is periodic in :math:`t` with period 2, ample for the usual interval ``[0, 1]``. Time features
-    of high frequency make the field vary fast in :math:`t` and the solver take more steps: on two
-    moons (25 epochs), ``freqs=3`` needed about 2x the function evaluations of ``freqs=1`` for a
-    worse likelihood, and ``freqs=0`` 15% fewer evaluations for a likelihood worse by 0.08 nats.
+    of high frequency make the field vary fast in :math:`t` and the solver take more steps
+    (``docs/continuous.md`` compares ``freqs`` 0, 1 and 3 on two moons).
 
     Besides ``forward(t, z, context)``, :meth:`jvp` returns the field together with
     :math:`J v = (\partial f/\partial z) v` for a stack of tangents :math:`v`, propagated through
@@ -557,7 +556,8 @@ class ConvNet(nn.Module):
         activation: constructor of the nonlinearity after every hidden layer.
         zero_init: zero the weights and bias of the last layer.
         channels_last: run the convolutions in channels-last memory format (the weights and the
-            input; 1.1-1.5× faster on CPU with oneDNN, and the layout GPU tensor cores prefer). The
+            input; faster on CPU with oneDNN, see ``docs/images.md``, and the layout GPU tensor
+            cores prefer). The
             output then has channels-last strides, which no caller needs to know about.
 
     References:

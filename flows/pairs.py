@@ -28,7 +28,6 @@ from __future__ import annotations
 
 import numpy as np
 import torch
-from scipy.optimize import linear_sum_assignment
 from torch import Tensor
 
 from flows._validation import check_finite
@@ -83,6 +82,8 @@ def ot_assignment(z: Tensor, x: Tensor) -> Tensor:
     a = z.detach().reshape(z.shape[0], -1).to("cpu", torch.float64)
     b = x.detach().reshape(x.shape[0], -1).to("cpu", torch.float64)
     cost = torch.cdist(a, b, compute_mode="donot_use_mm_for_euclid_dist").square()
+    from scipy.optimize import linear_sum_assignment  # imported on first use: keeps `import flows` fast
+
     rows, cols = linear_sum_assignment(cost.numpy())
     sigma = np.empty_like(cols)
     sigma[rows] = cols

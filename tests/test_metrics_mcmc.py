@@ -38,7 +38,9 @@ def test_integrated_autocorrelation_time_of_ar1(phi: float) -> None:
     exact = (1 + phi) / (1 - phi)
     assert tau.shape == (2,)
     assert ((tau - exact).abs() < 0.12 * exact).all(), (tau, exact)
-    torch.testing.assert_close(effective_sample_size(x), 32000 / tau)
+    torch.testing.assert_close(effective_sample_size(x, method="mean"), 32000 / tau)  # split chains, raw draws
+    bulk = effective_sample_size(x)  # ranks: for a Gaussian process close to the ESS of the mean
+    assert ((bulk - 32000 / exact).abs() < 0.15 * 32000 / exact).all(), (bulk, 32000 / exact)
 
 
 def test_ess_counts_chains_stuck_in_different_modes_as_few_samples() -> None:

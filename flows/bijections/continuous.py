@@ -7,7 +7,6 @@ from collections.abc import Sequence
 
 import torch
 from torch import Tensor, nn
-from torchdiffeq import odeint, odeint_adjoint
 
 from flows._validation import check_context, check_event, format_shape
 from flows.auxiliary import add_auxiliary_loss, collecting_auxiliary_losses
@@ -229,11 +228,15 @@ class CNF(Bijection):
                 params = tuple(p for p in self.field.parameters() if p.requires_grad)
                 if context is not None and context.requires_grad:
                     params = (*params, context)
+                from torchdiffeq import odeint_adjoint  # imported on first use: keeps `import flows` fast
+
                 out = odeint_adjoint(
                     dynamics, state, times, adjoint_params=params, adjoint_options=self.adjoint_options, **solve
                 )
                 dynamics.on_call = self._count_backward  # every later call belongs to the backward pass
             else:
+                from torchdiffeq import odeint  # imported on first use: keeps `import flows` fast
+
                 out = odeint(dynamics, state, times, **solve)
         except AssertionError as error:  # torchdiffeq's checks: non-finite state, step underflow, step limit
             raise FloatingPointError(

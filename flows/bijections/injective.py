@@ -238,7 +238,7 @@ class FreeFormInjective(Bijection):
             needs twice-differentiable decoder ops, which the encoder needs too) or ``"forward"``
             (forward-mode dual numbers, as in the reference implementation; needs forward-AD
             support). Same values; eager forward-mode AD has a large per-op overhead on CPU, which
-            made ``"forward"`` training steps 5-25 % slower in ``benchmarks/injective.py``.
+            makes ``"forward"`` training steps slower (``docs/injective.md``, "Measured").
 
     Example:
         >>> import torch

@@ -30,7 +30,7 @@ from torch import Tensor
 
 from flows.data.digits import DIGITS_LEVELS, load_digits
 from flows.data.mnist import MNIST_LEVELS, load_mnist
-from flows.data.tabular import SKLEARN_TABLES, load_array, load_miniboone, load_sklearn_table
+from flows.data.tabular import SKLEARN_TABLES, csv_columns, load_array, load_miniboone, load_sklearn_table
 
 __all__ = ["DATASETS", "Dataset", "data_fingerprint", "load_dataset", "split_data"]
 
@@ -52,6 +52,7 @@ class Dataset:
             (for pictures, and for image models to reshape).
         note: a caveat to show users (e.g. "not comparable to published numbers").
         source: the file it was read from (``None`` for built-in data sets).
+        columns: feature names (a CSV file's header), for axis labels; ``None`` when unnamed.
     """
 
     name: str
@@ -62,6 +63,7 @@ class Dataset:
     image_shape: tuple[int, ...] | None = None
     note: str = ""
     source: str | None = None
+    columns: tuple[str, ...] | None = None
 
     @property
     def event_shape(self) -> tuple[int, ...]:
@@ -263,4 +265,9 @@ def _load(
     image_shape = tuple(train.shape[1:]) if train.dim() >= 3 else None
     if image_shape is not None:  # vector flows see flat events; the shape is kept for pictures
         train, val, test = (None if t is None else t.reshape(len(t), -1) for t in (train, val, test))
-    return Dataset(path.name, train, val, test, levels=levels, image_shape=image_shape, source=str(path))
+    columns = csv_columns(path) if path.suffix.lower() == ".csv" else None
+    if columns is not None and len(columns) != math.prod(train.shape[1:]):
+        columns = None
+    return Dataset(
+        path.name, train, val, test, levels=levels, image_shape=image_shape, columns=columns, source=str(path)
+    )

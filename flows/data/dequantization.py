@@ -20,6 +20,7 @@ from collections.abc import Sequence
 import torch
 from torch import Tensor, nn
 
+from flows._lazy import compiler_disable
 from flows._validation import check_event
 from flows.bijections import AffineCoupling, Chain, Invertible1x1Conv, Logit, Squeeze, half_mask
 from flows.distributions import StandardNormal
@@ -28,7 +29,7 @@ from flows.nn import ConvNet
 __all__ = ["VariationalDequantizer", "uniform_dequantize"]
 
 
-@torch.compiler.disable  # data preparation: a range check and a draw, kept out of compiled graphs
+@compiler_disable  # data preparation: a range check and a draw, kept out of compiled graphs
 def uniform_dequantize(
     levels_data: Tensor, levels: int, *, generator: torch.Generator | None = None, dtype: torch.dtype | None = None
 ) -> Tensor:

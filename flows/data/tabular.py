@@ -77,6 +77,17 @@ def load_sklearn_table(name: str) -> Tensor:
     return _finite(getattr(sklearn.datasets, f"load_{name}")().data, name)
 
 
+def csv_columns(path: str | os.PathLike, *, delimiter: str = ",") -> tuple[str, ...] | None:
+    """The column names of a CSV file's header row, or ``None`` when its first row is numeric (no header)."""
+    with open(path, encoding="utf-8") as handle:
+        cells = tuple(c.strip() for c in handle.readline().split(delimiter))
+    try:
+        [float(c) for c in cells]
+    except ValueError:
+        return cells
+    return None
+
+
 def load_csv(path: str | os.PathLike, *, delimiter: str = ",") -> Tensor:
     """A numeric CSV file as ``(N, D)``; a first row that is not numeric is taken as a header.
 

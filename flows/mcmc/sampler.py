@@ -8,7 +8,6 @@ from dataclasses import dataclass, field
 
 import torch
 from torch import Tensor
-from tqdm import tqdm
 
 from flows.flow import evaluating
 from flows.mcmc.base import Kernel, State, StepInfo
@@ -130,6 +129,8 @@ def _run(
     progress: bool,
     callback: Callable[[int, State, StepInfo], None] | None,
 ) -> Trace:
+    from tqdm import tqdm  # imported on first use: keeps `import flows` fast
+
     bar = tqdm(total=warmup + steps, disable=not progress, desc="warm-up" if warmup else "sampling")
     warm_accept: list[Tensor] = []
     began = time.perf_counter()

@@ -1,4 +1,4 @@
-r"""MCMC diagnostics: acceptance, effective sample size, split-R̂, mode weights, sliced Wasserstein.
+r"""MCMC diagnostics: acceptance, effective sample size and R̂ (as ArviZ), mode weights, sliced Wasserstein.
 
 Chain samples are laid out ``(draws, chains, *event_shape)`` (as in :attr:`flows.mcmc.Trace.samples`);
 per-coordinate diagnostics return a tensor of shape ``event_shape``.
@@ -12,6 +12,8 @@ import torch
 from torch import Tensor
 
 __all__ = [
+    "ESS_METHODS",
+    "RHAT_METHODS",
     "acceptance_rate",
     "effective_sample_size",
     "integrated_autocorr_time",
@@ -58,7 +60,86 @@ def _autocovariance(x: Tensor) -> Tensor:
     return torch.fft.irfft(spectrum * spectrum.conj(), n=size, dim=0)[:n] / n
 
 
-def integrated_autocorr_time(samples: Tensor, *, split: bool = False) -> Tensor:
+def _split(x: Tensor) -> Tensor:
+    """Cut each chain into its first and last ``n // 2`` draws: ``(n, m, p)`` → ``(n // 2, 2m, p)``."""
+    half = x.shape[0] // 2
+    return torch.cat([x[:half], x[x.shape[0] - half :]], dim=1)
+
+
+def _pooled_quantile(x: Tensor, q: float) -> Tensor:
+    """Quantile ``q`` of all draws of all chains per coordinate (linear interpolation, numpy's default): ``(p,)``."""
+    return torch.quantile(x.reshape(-1, x.shape[-1]), q, dim=0)
+
+
+def _z_scale(x: Tensor) -> Tensor:
+    r"""Rank-normalise: :math:`z = \Phi^{-1}((r - 3/8) / (S - 1/4))` with :math:`r` the rank among all :math:`S` draws.
+
+    Ties get their average rank (as ``scipy.stats.rankdata``); Blom's offset 3/8. Per coordinate.
+    """
+    n, m, p = x.shape
+    size = n * m
+    flat = x.reshape(size, p)
+    values, order = flat.sort(dim=0)
+    position = torch.arange(size, device=x.device)[:, None].expand(size, p)
+    starts = torch.ones_like(values, dtype=torch.bool)
+    starts[1:] = values[1:] != values[:-1]
+    ends = torch.ones_like(starts)
+    ends[:-1] = starts[1:]
+    first = torch.cummax(torch.where(starts, position, 0), dim=0).values
+    last = torch.cummin(torch.where(ends, position, size).flip(0), dim=0).values.flip(0)
+    average_rank = (first + last).to(x.dtype) / 2 + 1
+    ranks = torch.empty_like(average_rank).scatter_(0, order, average_rank)
+    return torch.special.ndtri((ranks - 0.375) / (size + 0.25)).reshape(n, m, p)
+
+
+def _fold(x: Tensor) -> Tensor:
+    """Absolute deviation from the median of all draws, per coordinate.
+
+    The median of an even number of draws is ``(a + b) / 2`` of the middle two, computed as numpy
+    does: the two middle draws then tie exactly after folding, as they do in ArviZ.
+    """
+    values = x.reshape(-1, x.shape[-1]).sort(dim=0).values
+    half = values.shape[0] // 2
+    median = values[half] if values.shape[0] % 2 else (values[half - 1] + values[half]) / 2
+    return (x - median).abs()
+
+
+def _tau(x: Tensor) -> Tensor:
+    r"""Integrated autocorrelation time of ``(n, m, p)`` chains as they are (no split, no ranks): ``(p,)``.
+
+    Multi-chain autocorrelations (Vehtari et al. 2021, eqs. 10-11) and Geyer's initial positive and
+    monotone sequences, truncated exactly as Stan and ArviZ do it (the even autocorrelation of the
+    first non-positive pair is kept when it is positive).
+    """
+    n, m, p = x.shape
+    acov = _autocovariance(x)
+    within = acov[0].mean(0) * n / (n - 1)
+    var_plus = within * (n - 1) / n
+    if m > 1:
+        var_plus = var_plus + x.mean(0).var(0)
+    rho = 1.0 - (within - acov.mean(1)) / var_plus
+    rho[0] = 1.0
+    last_pair = max((n - 3) // 2, 0)  # pairs (rho_2k, rho_2k+1) for k = 0..last_pair are examined
+    pairs = rho[: 2 * last_pair + 2].reshape(last_pair + 1, 2, p).sum(1)
+    stop = pairs <= 0
+    k = torch.where(stop.any(0), stop.to(torch.int8).argmax(0), last_pair)  # first non-positive pair, else the last
+    monotone = torch.cummin(pairs, dim=0).values  # Geyer's initial monotone sequence
+    kept = torch.arange(last_pair + 1, device=x.device)[:, None] < k
+    columns = torch.arange(p, device=x.device)
+    even = rho[2 * k, columns]
+    tail = torch.where((even > 0) | (pairs[k, columns] >= 0), even, 0.0)
+    tau = -1.0 + 2.0 * torch.where(kept, monotone, 0.0).sum(0) + tail
+    tau = tau.clamp(min=1.0 / math.log10(n * m))
+    constant = (x.amax((0, 1)) - x.amin((0, 1))) < torch.finfo(torch.float64).resolution
+    return torch.where(constant, 1.0, tau)
+
+
+def _ess(x: Tensor) -> Tensor:
+    """Effective sample size ``n m / tau`` of ``(n, m, p)`` chains as they are: ``(p,)``."""
+    return x.shape[0] * x.shape[1] / _tau(x)
+
+
+def integrated_autocorr_time(samples: Tensor, *, split: bool = True) -> Tensor:
     r"""Integrated autocorrelation time :math:`\tau` per coordinate, pooled over chains.
 
     With the multi-chain autocorrelation estimate of Stan (Vehtari et al. 2021, eqs. 10–11),
@@ -69,10 +150,11 @@ def integrated_autocorr_time(samples: Tensor, *, split: bool = False) -> Tensor:
 
     (:math:`\hat\gamma_{j,t}` the lag-:math:`t` autocovariance of chain :math:`j`, :math:`W` the
     mean within-chain variance, :math:`B/n` the variance of the chain means) and Geyer's initial
-    monotone sequence: the pair sums :math:`\Gamma_k = \hat\rho_{2k} + \hat\rho_{2k+1}` are kept
-    while positive and made non-increasing, :math:`\tau = -1 + 2\sum_k \Gamma_k`, floored at
-    :math:`1/\log_{10}(nm)`. Chains that sit in different modes inflate :math:`B` and hence
-    :math:`\tau`.
+    positive and monotone sequences: the pair sums :math:`\Gamma_k = \hat\rho_{2k} + \hat\rho_{2k+1}`
+    are kept while positive and made non-increasing, :math:`\tau = -1 + 2\sum_k \Gamma_k + \hat\rho_{2K}`
+    (the even term of the first non-positive pair :math:`K`, when positive), floored at
+    :math:`1/\log_{10}(nm)`, exactly as ArviZ's ``ess(method="mean")`` computes it: ``tau =
+    n m / ess``. Chains that sit in different modes inflate :math:`B` and hence :math:`\tau`.
 
     References:
         Geyer (1992), "Practical Markov Chain Monte Carlo", Statist. Sci. 7. Vehtari, Gelman,
@@ -80,11 +162,12 @@ def integrated_autocorr_time(samples: Tensor, *, split: bool = False) -> Tensor:
         improved R̂ for assessing convergence of MCMC", Bayesian Analysis 16, arXiv:1903.08008.
 
     Args:
-        samples: ``(draws, chains, *event_shape)``.
-        split: split each chain in two halves first (detects drifting chains, as Stan does).
+        samples: ``(draws, chains, *event_shape)`` with at least 4 draws.
+        split: split each chain into its two halves first (detects drifting chains; Stan's and
+            ArviZ's default). For an odd number of draws the middle draw is dropped.
 
     Returns:
-        :math:`\tau` of shape ``event_shape``.
+        :math:`\tau` of shape ``event_shape``, in units of draws.
 
     Example:
         >>> import torch
@@ -94,35 +177,51 @@ def integrated_autocorr_time(samples: Tensor, *, split: bool = False) -> Tensor:
         True
     """
     x = _draws_chains(samples, "integrated_autocorr_time")
-    event = samples.shape[2:]
-    if split:
-        half = x.shape[0] // 2
-        x = torch.cat([x[:half], x[x.shape[0] - half :]], dim=1)
-    n, m = x.shape[0], x.shape[1]
-    acov = _autocovariance(x)
-    within = acov[0].mean(0) * n / (n - 1)
-    var_plus = within * (n - 1) / n
-    if m > 1:
-        var_plus = var_plus + x.mean(0).var(0)
-    rho = 1.0 - (within - acov.mean(1)) / var_plus
-    rho[0] = 1.0
-    pairs = rho[: 2 * (n // 2)].reshape(n // 2, 2, -1).sum(1)
-    positive = torch.cumprod((pairs > 0).to(pairs.dtype), dim=0).bool()
-    monotone = torch.cummin(torch.where(positive, pairs, torch.inf), dim=0).values
-    tau = -1.0 + 2.0 * torch.where(positive, monotone, 0.0).sum(0)
-    tau = tau.clamp(min=1.0 / math.log10(n * m))
-    return tau.reshape(event)
+    return _tau(_split(x) if split else x).reshape(samples.shape[2:])
 
 
-def effective_sample_size(samples: Tensor, *, split: bool = False) -> Tensor:
-    r"""Effective sample size :math:`\mathrm{ESS} = nm / \tau` per coordinate (see :func:`integrated_autocorr_time`).
+ESS_METHODS = ("bulk", "tail", "mean", "sd", "quantile")
+
+
+def effective_sample_size(
+    samples: Tensor, *, method: str = "bulk", prob: float | tuple[float, float] | None = None, split: bool = True
+) -> Tensor:
+    r"""Effective sample size per coordinate, as ArviZ's ``ess`` (Vehtari et al. 2021).
+
+    Each method applies :func:`integrated_autocorr_time`'s estimator,
+    :math:`\mathrm{ESS} = nm/\tau`, to a transform of the (split) chains:
+
+    * ``"bulk"`` (default): rank-normalised draws :math:`z = \Phi^{-1}((r - 3/8)/(S + 1/4))`, with
+      :math:`r` the rank of a draw among all :math:`S` draws (ties averaged). Reliable for the
+      centre of the distribution, and finite even for heavy tails without a mean.
+    * ``"tail"``: the smaller of the ESS of the indicators :math:`I(x \le q_{0.05})` and
+      :math:`I(x \le q_{0.95})` (``prob`` changes the two quantile levels; ``prob=p`` means
+      ``(p, 1 - p)``): how well the 5 % and 95 % quantiles are estimated.
+    * ``"mean"``: the draws themselves (the classic ESS of the mean, Stan before 2.21).
+    * ``"sd"``: the squared deviations from the mean.
+    * ``"quantile"``: the indicator :math:`I(x \le q_{\text{prob}})` for one level ``prob``.
+
+    Agrees with ``arviz.ess(chains, method=method)`` to rounding (``tests/test_diagnostics_arviz.py``);
+    ``split=False`` gives ArviZ's ``"identity"`` for ``"mean"`` (ArviZ has no unsplit bulk ESS).
+    Rule of thumb (Vehtari et al.): bulk and tail ESS above 100 per chain before trusting
+    the estimates.
+
+    References:
+        Vehtari, Gelman, Simpson, Carpenter, Bürkner (2021), "Rank-normalization, folding, and
+        localization: An improved R̂ for assessing convergence of MCMC", Bayesian Analysis 16,
+        arXiv:1903.08008.
 
     Args:
-        samples: ``(draws, chains, *event_shape)``.
-        split: split each chain in two halves first.
+        samples: ``(draws, chains, *event_shape)`` with at least 4 draws.
+        method: one of ``ESS_METHODS``.
+        prob: quantile level(s) for ``"tail"`` (default ``(0.05, 0.95)``) and ``"quantile"`` (required).
+        split: split each chain into its two halves first (the default, as in Stan and ArviZ).
 
     Returns:
-        ESS of shape ``event_shape`` (out of ``draws · chains``).
+        ESS of shape ``event_shape``, float64, out of ``draws · chains``.
+
+    Raises:
+        ValueError: for an unknown method, or ``prob`` outside (0, 1) or missing for ``"quantile"``.
 
     Example:
         >>> import torch
@@ -134,30 +233,74 @@ def effective_sample_size(samples: Tensor, *, split: bool = False) -> Tensor:
         >>> bool(16000 / 3 * 0.85 < ess < 16000 / 3 * 1.15)
         True
     """
-    tau = integrated_autocorr_time(samples, split=split)
-    return samples.shape[0] * samples.shape[1] / tau
+    if method not in ESS_METHODS:
+        raise ValueError(f"effective_sample_size: expected method in {ESS_METHODS}, got {method!r}")
+    x = _draws_chains(samples, "effective_sample_size").to(torch.float64)
+    event = samples.shape[2:]
+    if method in ("tail", "quantile"):
+        if method == "quantile" and prob is None:
+            raise ValueError("effective_sample_size: expected a quantile level prob for method 'quantile', got None")
+        if method == "quantile":
+            levels = (prob,)
+        elif prob is None:
+            levels = (0.05, 0.95)
+        elif isinstance(prob, (tuple, list)):
+            levels = tuple(prob)
+        else:
+            levels = (prob, 1 - prob)
+        if not all(isinstance(q, (int, float)) and 0 < q < 1 for q in levels):
+            raise ValueError(f"effective_sample_size: expected quantile levels in (0, 1), got {prob!r}")
+        ess = [
+            _ess(_split(below) if split else below)
+            for below in ((x <= _pooled_quantile(x, q)).to(x.dtype) for q in levels)
+        ]
+        return torch.stack(ess).amin(0).reshape(event)
+    if method == "sd":
+        x = (x - x.mean((0, 1))).square()
+    if split:
+        x = _split(x)
+    if method == "bulk":
+        x = _z_scale(x)
+    return _ess(x).reshape(event)
 
 
-def split_rhat(samples: Tensor) -> Tensor:
-    r"""Split potential scale reduction factor :math:`\hat R` per coordinate.
+RHAT_METHODS = ("rank", "split", "folded", "z_scale", "identity")
+
+
+def split_rhat(samples: Tensor, *, method: str = "rank") -> Tensor:
+    r"""Rank-normalised split potential scale reduction factor :math:`\hat R` per coordinate.
 
     Each chain is cut into two halves of :math:`n` draws (a middle draw is dropped for odd
-    lengths); with :math:`W` the mean within-half variance and :math:`B/n` the variance of the
-    half means,
+    lengths); for chains :math:`y` with :math:`W` the mean within-chain variance and :math:`B/n`
+    the variance of the chain means,
 
-    .. math:: \hat R = \sqrt{\frac{\frac{n-1}{n}W + \frac{B}{n}}{W}}.
+    .. math:: \hat R(y) = \sqrt{\frac{\frac{n-1}{n}W + \frac{B}{n}}{W}}.
 
-    Values near 1 (below about 1.01–1.05) are necessary, not sufficient, for convergence.
+    ``method="rank"`` (default, Vehtari et al. 2021) reports
+    :math:`\max(\hat R(z), \hat R(z_{\text{fold}}))`: :math:`z` the rank-normalised split draws
+    (see :func:`effective_sample_size`), :math:`z_{\text{fold}}` the rank-normalised absolute
+    deviations from the median, which catch chains that differ in scale rather than location.
+    ``"split"`` is the classic split-:math:`\hat R` of the raw draws, ``"folded"`` and ``"z_scale"``
+    its two rank-normalised halves, ``"identity"`` the unsplit :math:`\hat R` of Gelman and Rubin.
+    Agrees with ``arviz.rhat(chains, method=method)`` to rounding, except that ArviZ returns NaN for
+    a single chain where the split halves make :math:`\hat R` defined here (as in Stan). Values
+    below 1.01 are necessary, not sufficient, for convergence.
 
     References:
         Gelman, Rubin (1992), "Inference from Iterative Simulation Using Multiple Sequences",
-        Statist. Sci. 7. Vehtari et al. (2021), arXiv:1903.08008.
+        Statist. Sci. 7. Vehtari, Gelman, Simpson, Carpenter, Bürkner (2021), "Rank-normalization,
+        folding, and localization: An improved R̂ for assessing convergence of MCMC", Bayesian
+        Analysis 16, arXiv:1903.08008.
 
     Args:
         samples: ``(draws, chains, *event_shape)`` with at least 4 draws.
+        method: one of ``RHAT_METHODS``.
 
     Returns:
-        :math:`\hat R` of shape ``event_shape``.
+        :math:`\hat R` of shape ``event_shape``, float64.
+
+    Raises:
+        ValueError: for an unknown method, or ``"identity"`` with a single chain.
 
     Example:
         >>> import torch
@@ -167,13 +310,31 @@ def split_rhat(samples: Tensor) -> Tensor:
         >>> round(split_rhat(mixed).item(), 2), split_rhat(stuck).item() > 1.5
         (1.0, True)
     """
-    x = _draws_chains(samples, "split_rhat")
+    if method not in RHAT_METHODS:
+        raise ValueError(f"split_rhat: expected method in {RHAT_METHODS}, got {method!r}")
+    x = _draws_chains(samples, "split_rhat").to(torch.float64)
+    if method == "identity" and x.shape[1] < 2:
+        raise ValueError(f"split_rhat: expected at least 2 chains for method 'identity', got {x.shape[1]}")
     event = samples.shape[2:]
-    n = x.shape[0] // 2
-    halves = torch.cat([x[:n], x[x.shape[0] - n :]], dim=1)
-    within = halves.var(0).mean(0)
-    var_plus = within * (n - 1) / n + halves.mean(0).var(0)
-    return torch.sqrt(var_plus / within).reshape(event)
+    if method != "identity":
+        x = _split(x)
+    if method == "rank":
+        value = torch.maximum(_rhat(_z_scale(x)), _rhat(_z_scale(_fold(x))))
+    elif method == "folded":
+        value = _rhat(_z_scale(_fold(x)))
+    elif method == "z_scale":
+        value = _rhat(_z_scale(x))
+    else:
+        value = _rhat(x)
+    return value.reshape(event)
+
+
+def _rhat(x: Tensor) -> Tensor:
+    """Potential scale reduction of ``(n, m, p)`` chains as they are: ``(p,)``."""
+    n = x.shape[0]
+    within = x.var(0).mean(0)
+    var_plus = within * (n - 1) / n + x.mean(0).var(0)
+    return torch.sqrt(var_plus / within)
 
 
 def mode_weights(samples: Tensor, means: Tensor) -> Tensor:

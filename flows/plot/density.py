@@ -24,6 +24,7 @@ def plot_density_2d(
     grid: int = 150,
     max_points: int = 2000,
     title: str | None = None,
+    labels: Sequence[str] | None = None,
 ) -> Any:
     """Filled contours of a 2-D model density :math:`p(x)` with data points on top.
 
@@ -39,6 +40,7 @@ def plot_density_2d(
         grid: lattice points per axis.
         max_points: at most this many data points are drawn.
         title: figure title.
+        labels: names of the two axes, e.g. a CSV file's column names (default ``x0``, ``x1``).
 
     Returns:
         The matplotlib figure.
@@ -47,8 +49,8 @@ def plot_density_2d(
         >>> import torch
         >>> from flows import Affine, Flow, StandardNormal
         >>> fig = plot_density_2d(Flow(Affine(2), StandardNormal(2)), torch.randn(50, 2), bounds=(-5, 5, -5, 5))
-        >>> fig.axes[0].get_title()
-        'mass on window: 1.000'
+        >>> fig.axes[0].get_title(), fig.axes[0].get_xlabel()
+        ('mass on window: 1.000', 'x0')
     """
     from flows.flow import evaluating
 
@@ -83,6 +85,9 @@ def plot_density_2d(
     ax.set_xlim(bounds[0], bounds[1])
     ax.set_ylim(bounds[2], bounds[3])
     ax.set_title(f"mass on window: {float(density.sum()) * cell:.3f}")
+    x_label, y_label = list(labels) if labels is not None else ["x0", "x1"]
+    ax.set_xlabel(x_label)
+    ax.set_ylabel(y_label)
     if title:
         figure.suptitle(title)
     save_figure(figure, path)
@@ -108,7 +113,7 @@ def plot_corner(
         path: where to save the picture.
         dims: which dimensions to show (default: the first ``max_dims``).
         max_dims: cap on the number of dimensions shown by default.
-        labels: names of the shown dimensions.
+        labels: names of every feature (e.g. a CSV file's column names) or of the shown dimensions.
         bins: histogram bins.
         title: figure title.
 
@@ -124,7 +129,14 @@ def plot_corner(
     samples = samples.detach().cpu().double().reshape(len(samples), -1)
     dims = list(dims) if dims is not None else list(range(min(max_dims, samples.shape[1])))
     ref = data.detach().cpu().double().reshape(len(data), -1) if data is not None else None
-    labels = list(labels) if labels is not None else [f"x{d}" for d in dims]
+    if labels is None:
+        labels = [f"x{d}" for d in dims]
+    elif len(labels) == samples.shape[1]:  # one name per feature (e.g. a CSV header): those of the shown ones
+        labels = [labels[d] for d in dims]
+    elif len(labels) != len(dims):
+        raise ValueError(
+            f"plot_corner: expected {len(dims)} labels (or {samples.shape[1]}, one per feature), got {len(labels)}"
+        )
     k = len(dims)
     figure = new_figure(2.0 * k + 0.5, 2.0 * k + 0.3)
     for row in range(k):

@@ -4,15 +4,21 @@ A callback overrides any of the hooks below; each receives the :class:`~flows.tr
 whose attributes (``model``, ``optimizer``, ``history``, ``epoch``, ``step``, ``should_stop``)
 it may read and, for ``should_stop``, set. Callbacks with state implement :meth:`Callback.state_dict`
 and :meth:`Callback.load_state_dict` so that a resumed run continues exactly.
+
+While a progress bar is shown, :class:`PrintMetrics` lines, ``logging`` records and warnings are
+written with ``tqdm.write`` above the bar (:func:`bar_output`), never into it.
 """
 
 from __future__ import annotations
 
+import contextlib
 import copy
+import importlib.util
 import math
 import os
 import sys
 import warnings
+from collections.abc import Iterator
 from pathlib import Path
 from typing import TYPE_CHECKING, Any, TextIO
 
@@ -21,7 +27,7 @@ from flows.train.guard import TrainingWarning
 if TYPE_CHECKING:  # pragma: no cover
     from flows.train.trainer import Trainer
 
-__all__ = ["Callback", "EarlyStopping", "MetricsLogger", "PrintMetrics", "progress_bar"]
+__all__ = ["Callback", "EarlyStopping", "MetricsLogger", "PrintMetrics", "bar_output", "progress_bar"]
 
 
 class Callback:
@@ -151,34 +157,76 @@ class EarlyStopping(Callback):
 
 
 class MetricsLogger(Callback):
-    """Write the history to ``directory/metrics.json`` and ``directory/metrics.csv`` after every epoch.
+    """Write the history to ``directory/metrics.json`` and ``directory/metrics.csv``, and scalars to TensorBoard.
 
-    Only the process of rank 0 writes (see :mod:`flows.train.distributed`).
+    The CSV and JSON files are rewritten after every ``every`` epochs (and at the end). When the
+    ``tensorboard`` package is installed (``pip install "flows[tensorboard]"``), every epoch's
+    numeric metrics (``loss``, ``val_loss``, ``lr``, ... everything but ``epoch`` and ``step``) are
+    also written as scalars at the global step to ``directory/tensorboard`` (view them with
+    ``tensorboard --logdir directory``); a resumed run purges the events written after its
+    checkpoint's step, so curves do not fork. Only the process of rank 0 writes (see
+    :mod:`flows.train.distributed`).
 
     Args:
         directory: output directory (created if needed).
-        every: write every ``every`` epochs (and always at the end).
+        every: write the CSV and JSON files every ``every`` epochs (and always at the end).
+        tensorboard: write TensorBoard scalars: ``None`` (default) when ``tensorboard`` is
+            installed, ``True`` always (an error without it), ``False`` never.
+
+    Raises:
+        ImportError: with ``tensorboard=True`` when the ``tensorboard`` package is not installed.
     """
 
-    def __init__(self, directory: str | os.PathLike, *, every: int = 1) -> None:
+    def __init__(self, directory: str | os.PathLike, *, every: int = 1, tensorboard: bool | None = None) -> None:
         self.directory = Path(directory)
         self.every = max(1, int(every))
+        installed = importlib.util.find_spec("tensorboard") is not None
+        if tensorboard and not installed:
+            raise ImportError(
+                "MetricsLogger: expected the tensorboard package for tensorboard=True, got none installed "
+                '(pip install "flows[tensorboard]")'
+            )
+        self.tensorboard = installed if tensorboard is None else bool(tensorboard)
+        self._writer: Any = None
 
     def _write(self, trainer: Trainer) -> None:
         if trainer.is_main_process:
             trainer.history.to_json(self.directory / "metrics.json")
             trainer.history.to_csv(self.directory / "metrics.csv")
 
+    def on_fit_start(self, trainer: Trainer) -> None:
+        if self.tensorboard and trainer.is_main_process and self._writer is None:
+            self._writer = _summary_writer(self.directory / "tensorboard", purge_step=trainer.step or None)
+
     def on_epoch_end(self, trainer: Trainer, record: dict[str, float]) -> None:
+        if self._writer is not None:
+            step = int(record.get("step", trainer.step))
+            for key, value in record.items():
+                if key not in ("epoch", "step") and isinstance(value, (int, float)) and not isinstance(value, bool):
+                    self._writer.add_scalar(key, float(value), global_step=step)
+            self._writer.flush()
         if int(record["epoch"]) % self.every == 0:
             self._write(trainer)
 
     def on_fit_end(self, trainer: Trainer) -> None:
         self._write(trainer)
+        if self._writer is not None:
+            self._writer.close()
+            self._writer = None
+
+    def __getstate__(self) -> dict[str, Any]:  # an open writer is never copied or pickled
+        return {**self.__dict__, "_writer": None}
+
+
+def _summary_writer(log_dir: Path, purge_step: int | None) -> Any:
+    """``torch.utils.tensorboard.SummaryWriter`` (imported here: it costs ~1 s and needs ``tensorboard``)."""
+    from torch.utils.tensorboard import SummaryWriter
+
+    return SummaryWriter(str(log_dir), purge_step=purge_step)
 
 
 class PrintMetrics(Callback):
-    """Print one line per ``every`` epochs (the first and last epochs always) on rank 0.
+    """Print one line per ``every`` epochs (the first and last epochs always) on rank 0, above any progress bar.
 
     Args:
         every: print every ``every`` epochs.
@@ -198,7 +246,11 @@ class PrintMetrics(Callback):
             return
         keys = self.keys or [k for k in record if k not in ("epoch", "step", "time")]
         parts = [f"{k} {record[k]:.4g}" for k in keys if k in record]
-        print(f"epoch {epoch:4d}  " + "  ".join(parts) + f"  ({record['time']:.1f} s)", file=self.stream or sys.stdout)
+        from tqdm.auto import tqdm  # tqdm.write: above a progress bar, not inside it
+
+        tqdm.write(
+            f"epoch {epoch:4d}  " + "  ".join(parts) + f"  ({record['time']:.1f} s)", file=self.stream or sys.stdout
+        )
 
 
 def progress_bar(
@@ -218,3 +270,33 @@ def progress_bar(
         total = min(total or math.inf, epochs * per_epoch)
     total = None if total is None or total == math.inf else int(total)
     return tqdm(total=total, initial=min(step, total or step), unit="step", dynamic_ncols=True)
+
+
+@contextlib.contextmanager
+def bar_output(bar: Any) -> Iterator[None]:
+    """While ``bar`` is shown, write ``logging`` records and warnings with ``tqdm.write``, above the bar.
+
+    Console handlers of the root logger are swapped for tqdm's (``tqdm.contrib.logging``), and
+    :func:`warnings.showwarning` writes through ``tqdm.write``; both are restored on exit.
+
+    Args:
+        bar: the ``tqdm`` bar of :func:`progress_bar` (``None``: nothing is redirected).
+    """
+    if bar is None:
+        yield
+        return
+    from tqdm.contrib.logging import logging_redirect_tqdm
+
+    tqdm_class = type(bar)
+    shown = warnings.showwarning
+
+    def showwarning(message, category, filename, lineno, file=None, line=None) -> None:
+        text = warnings.formatwarning(message, category, filename, lineno, line).rstrip("\n")
+        tqdm_class.write(text, file=file or sys.stderr)
+
+    warnings.showwarning = showwarning
+    try:
+        with logging_redirect_tqdm(tqdm_class=tqdm_class):
+            yield
+    finally:
+        warnings.showwarning = shown

@@ -5,6 +5,7 @@ from __future__ import annotations
 import csv
 import io
 import json
+import logging
 import math
 import os
 from typing import Any
@@ -12,6 +13,8 @@ from typing import Any
 from flows.train._atomic import atomic_write_text
 
 __all__ = ["History"]
+
+logger = logging.getLogger("flows.train")
 
 
 class History:
@@ -37,8 +40,9 @@ class History:
         self.records.append(dict(record))
 
     def event(self, step: int, message: str) -> None:
-        """Record a notable event (e.g. a rollback) at a global step."""
+        """Record a notable event (e.g. a rollback) at a global step; also logged (``flows.train``, INFO)."""
         self.events.append({"step": step, "message": message})
+        logger.info("step %d: %s", step, message)
 
     @property
     def columns(self) -> list[str]:

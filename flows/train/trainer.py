@@ -28,7 +28,7 @@ from flows.data.loader import TensorLoader
 from flows.flow import evaluating
 from flows.train._lock import hold_run_lock
 from flows.train.batching import Data, as_tensors, epoch_batches, steps_in_epoch, to_device, train_loader, val_loader
-from flows.train.callbacks import Callback, progress_bar
+from flows.train.callbacks import Callback, bar_output, progress_bar
 from flows.train.distributed import ObjectiveModule, all_reduce_weighted_mean, get_rank, get_world_size
 from flows.train.guard import (
     NonFiniteGuard,
@@ -288,6 +288,7 @@ class Trainer:
         stack = contextlib.ExitStack()
         try:
             stack.enter_context(stop_on_signals(self))
+            stack.enter_context(bar_output(bar))  # logs and warnings above the bar
             while stop_reason is None:
                 if epochs is not None and self.epoch >= epochs:
                     stop_reason = "epochs"
@@ -514,9 +515,9 @@ class Trainer:
 def default_optimizer(params: Iterable[nn.Parameter], lr: float = 1e-3) -> Optimizer:
     """Adam with learning rate ``lr``, in its fused single-kernel form where the parameters allow it.
 
-    The fused implementation updates every parameter in one pass per tensor, about 3x faster than
-    the multi-tensor (``foreach``) one on CPU (0.58 against 1.77 ms for a 725k-parameter RealNVP):
-    a few percent of a training step. Complex parameters, or parameters on devices other than CPU
+    The fused implementation updates every parameter in one pass per tensor, faster than the
+    multi-tensor (``foreach``) one on CPU (measured in ``docs/guide/training.md``): a few percent of
+    a training step. Complex parameters, or parameters on devices other than CPU
     and CUDA, get the default implementation.
     """
     params = list(params)
