@@ -122,9 +122,10 @@ class Bijection(nn.Module):
 
         Checks that ``x`` is a real floating-point tensor ``(*batch, *event_shape)`` (the latent
         event shape when ``inverse``) of the dtype of the module's parameters (outside autocast);
-        for a conditional transform (``context_features > 0``) that the context is present, ``(*batch, context_features)`` (or a map ``(*batch,
-        context_features, H, W)`` for images), finite; and for any context given that it has the
-        dtype and device of ``x`` and a batch shape that broadcasts to ``x``'s.
+        for a conditional transform (``context_features > 0``) that the context is present,
+        ``(*batch, context_features)`` (or a map ``(*batch, context_features, H, W)`` for images)
+        and finite; and for any context given that it has the dtype and device of ``x`` and a
+        batch shape that broadcasts to ``x``'s.
 
         Raises:
             TypeError: for a non-tensor, an integer/bool/complex input or context, or a context of
