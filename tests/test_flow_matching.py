@@ -252,3 +252,30 @@ def test_cli_fit_with_flow_matching_on_a_cnf_and_refusal_for_other_models(tmp_pa
     assert code == 2
     error = capsys.readouterr().err.strip()
     assert error.count("\n") == 0 and "--objective fm trains a continuous flow" in error
+
+
+def test_benchmark_smoke(capsys) -> None:
+    import runpy
+
+    pytest.importorskip("sklearn")
+    path = Path(__file__).resolve().parents[1] / "benchmarks" / "flow_matching.py"
+    main = runpy.run_path(str(path), run_name="benchmark")["main"]
+    argv = [
+        "--budget",
+        "0.3",
+        "--eval-every",
+        "0.15",
+        "--limit",
+        "100",
+        "--hidden",
+        "8",
+        "--contenders",
+        "ml",
+        "fm",
+        "fm-ot:16",
+        "--cosine",
+    ]
+    summary = main(argv)
+    assert len(summary) == 3 and all(math.isfinite(r["test_nll"]) for r in summary.values())
+    assert summary["FFJORD, maximum likelihood (exact)"]["reach_ratio"] <= 1.0
+    assert "medians over seeds [0]" in capsys.readouterr().out
