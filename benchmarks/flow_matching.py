@@ -13,7 +13,8 @@ dopri5 at rtol = atol = 1e-5, exact trace at evaluation) and Adam:
 * ``ml``: maximum likelihood, exact trace (``benchmarks/cnf.py``'s ``flows`` contender), lr 3e-3,
   batch 256;
 * ``fm``: flow matching (:class:`flows.train.FlowMatching`), independent coupling;
-* ``fm-ot``: flow matching with exact minibatch optimal-transport couplings.
+* ``fm-ot``: flow matching with exact minibatch optimal-transport couplings;
+* ``fm:256-256`` (``fm-ot:...``): the same with a field of other hidden widths.
 
 Flow matching takes ``--fm-lr``, ``--fm-batch`` and ``--sigma``. Every contender gets the same
 training time (``--budget`` seconds of its own steps, one thread); their steps are interleaved
@@ -24,8 +25,12 @@ validation and test NLL, the training time at which the validation NLL first rea
 validation NLL of ``ml`` (and its ratio to the budget), steps, median step time and the test NFE;
 then medians over seeds.
 
-    python benchmarks/flow_matching.py --problem moons --budget 120 --seeds 0 1 2
-    python benchmarks/flow_matching.py --problem miniboone --budget 120 --seeds 0 1 2
+    python benchmarks/flow_matching.py --problem moons --budget 150 --eval-every 5 --seeds 0 1 \
+        --contenders ml fm fm:256-256 --fm-lr 1e-2 --sigma 0.05 --cosine        # ~25 min on a loaded machine
+    python benchmarks/flow_matching.py --problem miniboone --budget 120 --eval-every 6 --seeds 0 \
+        --contenders ml fm fm:256-256 --fm-lr 3e-3 --sigma 0.05 --cosine        # ~15 min
+
+Measured figures and their reading: docs/continuous.md ("Flow matching").
 """
 
 from __future__ import annotations

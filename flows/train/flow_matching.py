@@ -106,7 +106,9 @@ def flow_matching_parts(model: nn.Module) -> tuple[list[Bijection], CNF]:
             pending = [*layer, *pending]
         else:
             layers.append(layer)
-    names = ", ".join(type(layer).__name__ for layer in layers)
+    names = ", ".join(type(layer).__name__ for layer in layers[:6]) + (
+        f", ... ({len(layers)} layers)" if len(layers) > 6 else ""
+    )
     if not isinstance(layers[-1], CNF) or any(isinstance(layer, CNF) for layer in layers[:-1]):
         raise TypeError(
             f"FlowMatching: expected a Flow whose transform is one CNF (after fixed preprocessing), got [{names}]"
