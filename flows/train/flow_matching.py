@@ -41,15 +41,18 @@ References:
 from __future__ import annotations
 
 from collections.abc import Callable, Iterable
+from typing import TYPE_CHECKING
 
 import torch
 from torch import Tensor, nn
 
 from flows.bijections.base import Bijection, Chain
-from flows.bijections.continuous import CNF
 from flows.flow import Flow
 from flows.pairs import ot_assignment
 from flows.train.objectives import Objective, ObjectiveOutput, batch_size_of, split_batch
+
+if TYPE_CHECKING:
+    from flows.bijections.continuous import CNF
 
 __all__ = ["COUPLINGS", "FlowMatching", "flow_matching_parts", "independent_coupling", "ot_coupling"]
 
@@ -96,6 +99,8 @@ def flow_matching_parts(model: nn.Module) -> tuple[list[Bijection], CNF]:
     Raises:
         TypeError: for a model that is not a ``Flow`` with such a transform.
     """
+    from flows.bijections.continuous import CNF  # here, so that importing flows.train does not load torchdiffeq
+
     if not isinstance(model, Flow):
         raise TypeError(f"FlowMatching: expected a Flow whose transform is a CNF, got {type(model).__name__}")
     layers: list[Bijection] = []
