@@ -96,6 +96,20 @@ def fit(args: argparse.Namespace) -> int:
     model = model.to(device)
     n_params = sum(p.numel() for p in model.parameters())
     say(f"model {args.model} ({n_params:,} parameters), {config['preprocessing'] or 'no'} preprocessing")
+    objective = MaximumLikelihood(levels=data.levels)
+    if args.objective == "fm":
+        from flows.train.flow_matching import FlowMatching, flow_matching_parts
+
+        try:
+            flow_matching_parts(model)
+        except TypeError as error:
+            raise ValueError(
+                f"--objective fm trains a continuous flow (one CNF: --model FFJORD --transforms 1), "
+                f"got --model {args.model} --transforms {args.transforms}; {error}"
+            ) from None
+        if data.levels is not None:
+            raise ValueError(f"--objective fm: expected continuous data, got integer data with {data.levels} levels")
+        objective = FlowMatching(sigma=args.sigma, coupling=args.coupling)
     scheduler = None
     if args.schedule == "cosine":
         steps = max(1, args.epochs)
@@ -109,7 +123,7 @@ def fit(args: argparse.Namespace) -> int:
         callbacks.insert(0, EarlyStopping(patience=args.patience))
     trainer = Trainer(
         model,
-        MaximumLikelihood(levels=data.levels),
+        objective,
         lr=args.lr,
         scheduler=scheduler,
         clip_grad_norm=args.clip or None,

@@ -104,6 +104,21 @@ def _parser() -> argparse.ArgumentParser:
     )
     train.add_argument("--lr", type=float, default=2e-3, help="Adam learning rate (default: 2e-3)")
     train.add_argument(
+        "--objective",
+        choices=("ml", "fm"),
+        default="ml",
+        help="ml: maximum likelihood; fm: flow matching, for continuous flows (--model FFJORD --transforms 1) "
+        "(default: ml)",
+    )
+    train.add_argument("--sigma", type=float, default=0.0, help="flow matching: noise level of the paths (default: 0)")
+    train.add_argument(
+        "--coupling",
+        choices=("independent", "ot"),
+        default="independent",
+        help="flow matching: pairs of data and base samples, as drawn or by minibatch optimal transport "
+        "(default: independent)",
+    )
+    train.add_argument(
         "--schedule",
         choices=("cosine", "plateau", "none"),
         default="cosine",

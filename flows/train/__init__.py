@@ -6,6 +6,8 @@
   :class:`Objective` protocol for your own; energy targets (:mod:`flows.train.energy`):
   :class:`ReverseKL` (with temperature and :class:`AnnealTemperature`), :class:`ForwardKL` on
   reference or exact samples;
+* flow matching of continuous flows (:mod:`flows.train.flow_matching`): :class:`FlowMatching`
+  (conditional flow matching with noise level σ, independent or minibatch-OT couplings);
 * regression onto latent–data pairs (:mod:`flows.train.regression`): :class:`PairRegression`
   (FORT / RegFlow; pairs from :mod:`flows.pairs`);
 * callbacks: :class:`EarlyStopping`, :class:`MetricsLogger`, :class:`PrintMetrics`;
@@ -34,6 +36,7 @@ from flows.train.energy import (
     forward_kl_loss,
     reverse_kl_loss,
 )
+from flows.train.flow_matching import FlowMatching
 from flows.train.guard import NonFiniteGuard, TrainingDiverged, TrainingWarning
 from flows.train.history import History
 from flows.train.injective import FreeFormInjectiveObjective
@@ -47,6 +50,7 @@ __all__ = [
     "Checkpoint",
     "CheckpointError",
     "EarlyStopping",
+    "FlowMatching",
     "ForwardKL",
     "FreeFormInjectiveObjective",
     "History",

@@ -1,0 +1,243 @@
+"""Flow matching against maximum-likelihood FFJORD at equal wall time: NLL, and the time to reach it.
+
+Problems (from ``benchmarks/cnf.py``, whose FFJORD set-up this reuses): ``moons`` (2-D two moons,
+standardised, 4000 train / 2000 test) and ``miniboone`` (43-D MiniBooNE-small: trained on the MAF
+*validation* split of ``$FLOWS_DATA_DIR/miniboone_maf_valtest.npz``, tested once on its *test*
+split; **not comparable to published numbers**, which train on 9x more data). For both, a
+validation split (``--val-rows``, default 10%) is carved out of the training rows: the learning
+curves (and any choice of configuration) use it; the test split is evaluated once, at the end.
+
+Contenders, each the same field (``flows.FFJORD``'s default TimeMLP, 64-64 tanh, one CNF block,
+dopri5 at rtol = atol = 1e-5, exact trace at evaluation) and Adam:
+
+* ``ml``: maximum likelihood, exact trace (``benchmarks/cnf.py``'s ``flows`` contender), lr 3e-3,
+  batch 256;
+* ``fm``: flow matching (:class:`flows.train.FlowMatching`), independent coupling;
+* ``fm-ot``: flow matching with exact minibatch optimal-transport couplings.
+
+Flow matching takes ``--fm-lr``, ``--fm-batch`` and ``--sigma``. Every contender gets the same
+training time (``--budget`` seconds of its own steps, one thread); their steps are interleaved
+(the contender with the least training time so far steps next), so machine load hits all alike.
+Every ``--eval-every`` seconds of its training time a contender's validation NLL is measured by
+the ODE (exact trace; evaluation time is not counted). Reported per contender and seed: the final
+validation and test NLL, the training time at which the validation NLL first reaches the final
+validation NLL of ``ml`` (and its ratio to the budget), steps, median step time and the test NFE;
+then medians over seeds.
+
+    python benchmarks/flow_matching.py --problem moons --budget 120 --seeds 0 1 2
+    python benchmarks/flow_matching.py --problem miniboone --budget 120 --seeds 0 1 2
+"""
+
+from __future__ import annotations
+
+import argparse
+import math
+import statistics
+import sys
+import time
+from pathlib import Path
+
+import torch
+from torch import Tensor
+
+import flows
+from flows.train import FlowMatching
+
+sys.path.insert(0, str(Path(__file__).resolve().parent))
+from cnf import HIDDEN, LR, Contender, load_problem  # benchmarks/cnf.py: the FFJORD set-up
+
+
+class FMContender(Contender):
+    """A flows FFJORD trained by flow matching (same field and solver as the ML contender)."""
+
+    def __init__(
+        self, name: str, features: int, hidden: tuple[int, ...], objective: FlowMatching, lr: float, **options
+    ) -> None:
+        super().__init__(name, flows.FFJORD(features, hidden=hidden, trace="exact", **options), "flows")
+        self.objective = objective
+        self.optimizer = torch.optim.Adam(self.model.parameters(), lr=lr)
+
+    def step(self, x: Tensor) -> float:
+        start = time.perf_counter()
+        loss = self.objective(self.model, (x,))
+        self.optimizer.zero_grad(set_to_none=True)
+        loss.backward()
+        self.optimizer.step()
+        self.step_times.append(time.perf_counter() - start)
+        return float(loss.detach())
+
+
+def make(name: str, features: int, args: argparse.Namespace, seed: int) -> tuple[Contender, int]:
+    """A contender and its batch size."""
+    torch.manual_seed(seed)
+    hidden = tuple(args.hidden)
+    if name == "ml":
+        return Contender(
+            "FFJORD, maximum likelihood (exact)", flows.FFJORD(features, hidden=hidden, trace="exact"), "flows"
+        ), args.ml_batch
+    kind, _, widths = name.partition(":")
+    if kind in ("fm", "fm-ot"):
+        coupling = "ot" if kind == "fm-ot" else "independent"
+        objective = FlowMatching(sigma=args.sigma, coupling=coupling)
+        fm_hidden = tuple(int(w) for w in widths.split("-")) if widths else hidden
+        label = f"FFJORD, flow matching ({'OT' if coupling == 'ot' else 'independent'}, σ={args.sigma:g})"
+        if fm_hidden != hidden:
+            label = label[:-1] + f", {'-'.join(map(str, fm_hidden))})"
+        return FMContender(label, features, fm_hidden, objective, args.fm_lr), args.fm_batch
+    raise ValueError(f"expected contenders among ml, fm, fm-ot, fm:<widths>, fm-ot:<widths>, got {name!r}")
+
+
+@torch.no_grad()
+def nll(contender: Contender, rows: Tensor, chunk: int = 1000) -> tuple[float, float]:
+    """Mean NLL by the ODE (eval mode, exact trace) and the mean forward NFE per chunk."""
+    values, nfes = contender.test_nll(rows, chunk)
+    return float(values.mean()), float(nfes)
+
+
+def run_seed(args: argparse.Namespace, seed: int, train: Tensor, val: Tensor, test: Tensor) -> dict[str, dict]:
+    features = train.shape[-1]
+    entries = [make(name, features, args, seed) for name in args.contenders]
+    contenders = [c for c, _ in entries]
+    batch = {c.name: b for c, b in entries}
+    clock = {c.name: 0.0 for c in contenders}
+    curves: dict[str, list[tuple[float, float, int]]] = {c.name: [] for c in contenders}
+    marks = {c.name: args.eval_every for c in contenders}
+    generator = torch.Generator().manual_seed(seed)
+    orders = {c.name: iter(()) for c in contenders}
+    while True:
+        active = [c for c in contenders if clock[c.name] < args.budget]
+        if not active:
+            break
+        c = min(active, key=lambda c: clock[c.name])
+        rows = next(orders[c.name], None)
+        if rows is None:  # a new epoch of this contender: its own shuffle
+            perm = torch.randperm(len(train), generator=generator)
+            orders[c.name] = iter(perm[i : i + batch[c.name]] for i in range(0, len(perm), batch[c.name]))
+            rows = next(orders[c.name])
+        if args.cosine:
+            for group in c.optimizer.param_groups:
+                group.setdefault("initial_lr", group["lr"])
+                group["lr"] = (
+                    group["initial_lr"] * 0.5 * (1 + math.cos(math.pi * min(1.0, clock[c.name] / args.budget)))
+                )
+        c.step(train[rows])
+        clock[c.name] += c.step_times[-1]
+        if clock[c.name] >= marks[c.name] or clock[c.name] >= args.budget:
+            curves[c.name].append((clock[c.name], nll(c, val)[0], len(c.step_times)))
+            marks[c.name] += args.eval_every
+    target = curves[contenders[0].name][-1][1]  # the first contender's (ml's) final validation NLL
+    out: dict[str, dict] = {}
+    for c in contenders:
+        reach, steps = next(((t, k) for t, v, k in curves[c.name] if v <= target), (math.inf, 0))
+        median = statistics.median(c.step_times)
+        test_nll, test_nfe = nll(c, test)
+        out[c.name] = {
+            "val_nll": curves[c.name][-1][1],
+            "test_nll": test_nll,
+            "reach_s": reach,
+            "reach_ratio": reach / clock[contenders[0].name],
+            # load-robust: steps to reach x median step time, over the reference's steps x its median
+            "reach_median_ratio": (steps * median if steps else math.inf)
+            / (len(contenders[0].step_times) * statistics.median(contenders[0].step_times)),
+            "train_s": clock[c.name],
+            "steps": len(c.step_times),
+            "median_step_ms": 1e3 * median,
+            "test_nfe": test_nfe,
+            "curve": curves[c.name],
+        }
+    return out
+
+
+def main(argv: list[str] | None = None) -> dict[str, dict[str, float]]:
+    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser.add_argument("--problem", choices=("moons", "miniboone"), default="moons")
+    parser.add_argument("--budget", type=float, default=120.0, help="training seconds per contender and seed")
+    parser.add_argument("--eval-every", type=float, default=None, help="seconds between validations (budget/30)")
+    parser.add_argument(
+        "--contenders",
+        nargs="+",
+        default=["ml", "fm", "fm:256-256"],
+        help="ml, fm, fm-ot, or fm/fm-ot with a field of other widths (fm:256-256); the first is the reference",
+    )
+    parser.add_argument("--seeds", type=int, nargs="+", default=[0])
+    parser.add_argument("--hidden", type=int, nargs="+", default=list(HIDDEN))
+    parser.add_argument("--ml-batch", type=int, default=256)
+    parser.add_argument("--fm-batch", type=int, default=256)
+    parser.add_argument("--fm-lr", type=float, default=LR)
+    parser.add_argument("--cosine", action="store_true", help="decay every learning rate to 0 over the time budget")
+    parser.add_argument("--sigma", type=float, default=0.0)
+    parser.add_argument("--val-rows", type=float, default=0.1, help="fraction of the training rows for validation")
+    parser.add_argument("--limit", type=int, default=None, help="use only this many train/test rows (smoke tests)")
+    args = parser.parse_args(argv)
+    if args.eval_every is None:
+        args.eval_every = args.budget / 30
+
+    torch.set_num_threads(1)
+    train, test = load_problem(args.problem)
+    if args.limit:
+        train, test = train[: args.limit], test[: args.limit]
+    perm = torch.randperm(len(train), generator=torch.Generator().manual_seed(1234))
+    n_val = max(1, round(args.val_rows * len(train)))
+    val, train = train[perm[:n_val]], train[perm[n_val:]]
+    print(
+        f"problem {args.problem}: {len(train)} train / {len(val)} validation / {len(test)} test rows, "
+        f"D={train.shape[-1]}, budget {args.budget:g} s per contender, hidden {tuple(args.hidden)}, "
+        f"FM lr {args.fm_lr:g} batch {args.fm_batch} σ {args.sigma:g}, ML lr {LR:g} batch {args.ml_batch}, "
+        f"{'cosine' if args.cosine else 'constant'} lr, threads {torch.get_num_threads()}",
+        flush=True,
+    )
+    per_seed = []
+    for seed in args.seeds:
+        result = run_seed(args, seed, train, val, test)
+        per_seed.append(result)
+        print(f"\nseed {seed}")
+        header = (
+            f"{'contender':52s} {'val NLL':>8s} {'test NLL':>9s} {'reach s':>8s} {'ratio':>6s} {'ratio~':>6s} "
+            f"{'steps':>6s} {'med ms':>7s} {'NFE te':>7s}"
+        )
+        print(header + "\n" + "-" * len(header))
+        for name, r in result.items():
+            print(
+                f"{name:52s} {r['val_nll']:8.3f} {r['test_nll']:9.3f} {r['reach_s']:8.1f} {r['reach_ratio']:6.2f} "
+                f"{r['reach_median_ratio']:6.2f} {r['steps']:6d} {r['median_step_ms']:7.2f} {r['test_nfe']:7.1f}"
+            )
+            curve = "  ".join(f"{t:.0f}s:{v:.3f}" for t, v, _ in r["curve"][:: max(1, len(r["curve"]) // 8)])
+            print(f"    validation NLL curve  {curve}", flush=True)
+    summary: dict[str, dict[str, float]] = {}
+    names = list(per_seed[0])
+    for name in names:
+        summary[name] = {
+            key: statistics.median(r[name][key] for r in per_seed)
+            for key in (
+                "val_nll",
+                "test_nll",
+                "reach_s",
+                "reach_ratio",
+                "reach_median_ratio",
+                "steps",
+                "median_step_ms",
+                "test_nfe",
+            )
+        }
+    print(f"\nmedians over seeds {args.seeds}: NLL in nats; 'reach' = training seconds until the validation NLL")
+    print(
+        f"first reaches the final validation NLL of '{names[0]}' (ratio: to its {args.budget:g} s budget; inf: never;"
+        " ratio~: the same in steps x median step time, robust to stalls from other jobs)"
+    )
+    header = (
+        f"{'contender':52s} {'test NLL':>9s} {'val NLL':>8s} {'reach s':>8s} {'ratio':>6s} {'ratio~':>6s} "
+        f"{'med ms':>7s} {'NFE te':>7s}"
+    )
+    print(header + "\n" + "-" * len(header))
+    for name, r in summary.items():
+        print(
+            f"{name:52s} {r['test_nll']:9.3f} {r['val_nll']:8.3f} {r['reach_s']:8.1f} {r['reach_ratio']:6.2f} "
+            f"{r['reach_median_ratio']:6.2f} {r['median_step_ms']:7.2f} {r['test_nfe']:7.1f}"
+        )
+    if args.problem == "miniboone":
+        print("MiniBooNE-small (train on val, test on test): not comparable to published MINIBOONE numbers.")
+    return summary
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,281 @@
+"""Flow matching: the marginal field between two Gaussians, minibatch OT, NLL of a flow-matched CNF, trainer, CLI."""
+
+from __future__ import annotations
+
+import itertools
+import math
+import warnings
+from pathlib import Path
+
+import pytest
+import torch
+from torch import nn
+
+import flows
+from flows import CNF, Flow, StandardNormal
+from flows.train import FlowMatching, NonFiniteGuard, Trainer, TrainingWarning
+from flows.train.flow_matching import flow_matching_parts, ot_coupling
+
+
+@pytest.fixture(autouse=True)
+def _one_thread():
+    threads = torch.get_num_threads()
+    torch.set_num_threads(1)
+    yield
+    torch.set_num_threads(threads)
+
+
+class PolyAffineField(nn.Module):
+    r"""``f(t, y) = a(s) + B(s) y``, ``a`` and ``B`` Chebyshev polynomials of degree ``K-1`` in ``s``.
+
+    Linear in its parameters, so the flow-matching loss is a quadratic whose minimiser one Newton
+    step finds exactly; the family holds the marginal field of two Gaussians up to the polynomial
+    approximation of its time dependence.
+    """
+
+    def __init__(self, features: int, degree: int, t0: float, t1: float) -> None:
+        super().__init__()
+        self.t0, self.t1, self.degree = t0, t1, degree
+        self.a = nn.Parameter(torch.zeros(degree, features, dtype=torch.float64))
+        self.b = nn.Parameter(torch.zeros(degree, features, features, dtype=torch.float64))
+
+    def basis(self, t: torch.Tensor) -> torch.Tensor:
+        u = 2 * (t - self.t0) / (self.t1 - self.t0) - 1
+        values = [torch.ones_like(u), u]
+        while len(values) < self.degree:
+            values.append(2 * u * values[-1] - values[-2])
+        return torch.stack(values[: self.degree], -1)  # (N, K)
+
+    def forward(self, t: torch.Tensor, y: torch.Tensor) -> torch.Tensor:
+        phi = self.basis(t.expand(y.shape[0]))
+        return phi @ self.a + torch.einsum("nk,kij,nj->ni", phi, self.b, y)
+
+
+def marginal_field(t, y, mu, a, sigma, t0, t1):
+    r"""Closed-form marginal field of flow matching from data ``N(μ, diag a²)`` at ``t0`` to ``N(0, I)`` at ``t1``.
+
+    With ``x_s = (1 - s) x + s z + σ ε`` (independent ``x``, ``z``, ``ε``), per coordinate
+    ``x_s ~ N((1 - s) μ, v)``, ``v = (1 - s)² a² + s² + σ²``, and the conditional target
+    ``u = (z - x)/(t1 - t0)`` is jointly Gaussian with it: ``E u = -μ/T``,
+    ``Cov(u, x_s) = (s - (1 - s) a²)/T``. So ``E[u | x_s = y] = (-μ + (s - (1 - s) a²)(y - (1 - s) μ)/v)/T``.
+    """
+    s = ((t - t0) / (t1 - t0))[:, None]
+    v = (1 - s) ** 2 * a**2 + s**2 + sigma**2
+    return (-mu + (s - (1 - s) * a**2) * (y - (1 - s) * mu) / v) / (t1 - t0)
+
+
+@pytest.mark.parametrize("sigma", [0.0, 0.3])
+def test_flow_matching_between_two_gaussians_recovers_the_closed_form_marginal_field(sigma: float) -> None:
+    t0, t1 = 0.5, 2.0
+    mu = torch.tensor([1.0, -2.0], dtype=torch.float64)
+    a = torch.tensor([0.5, 2.0], dtype=torch.float64)
+    field = PolyAffineField(2, degree=6, t0=t0, t1=t1)
+    flow = Flow(CNF(2, field=field, t0=t0, t1=t1), StandardNormal(2)).double()
+    x = mu + a * torch.randn(100_000, 2, generator=torch.Generator().manual_seed(0), dtype=torch.float64)
+    objective = FlowMatching(sigma=sigma)
+    params = [field.a, field.b]
+
+    def loss_and_grad():
+        torch.manual_seed(1)  # the same base samples, times and noise at every evaluation
+        loss = objective(flow, (x,))
+        return torch.cat([g.reshape(-1) for g in torch.autograd.grad(loss, params, create_graph=True)])
+
+    grad = loss_and_grad()
+    hessian = torch.stack(
+        [torch.cat([h.reshape(-1) for h in torch.autograd.grad(g, params, retain_graph=True)]) for g in grad]
+    )
+    step = torch.linalg.solve(hessian, grad.detach())  # the loss is quadratic: one Newton step is the minimiser
+    with torch.no_grad():
+        flat = torch.cat([p.reshape(-1) for p in params]) - step
+        field.a.copy_(flat[: field.a.numel()].reshape(field.a.shape))
+        field.b.copy_(flat[field.a.numel() :].reshape(field.b.shape))
+    assert float(loss_and_grad().detach().abs().max()) < 1e-8
+
+    s = torch.linspace(0.05, 0.95, 19, dtype=torch.float64)
+    t = (t0 + s * (t1 - t0)).repeat_interleave(9)
+    spread = torch.linspace(-1.5, 1.5, 9, dtype=torch.float64).repeat(19)[:, None]
+    sd = ((1 - s[:, None]) ** 2 * a**2 + s[:, None] ** 2 + sigma**2).sqrt().repeat_interleave(9, 0)
+    y = (1 - s).repeat_interleave(9)[:, None] * mu + spread * sd  # within 1.5 sd of the path's marginal mean
+    with torch.no_grad():
+        learned = field(t, y)
+    expected = marginal_field(t, y, mu, a, sigma, t0, t1)
+    # |field| reaches 3.3 here; the error (0.03-0.04 at the edges) is the sampling error of 1e5 pairs.
+    assert torch.allclose(learned, expected, atol=0.06, rtol=0.0), float((learned - expected).abs().max())
+    # The field of the other direction (noise at t0, data at t1) is far from it: the test can fail.
+    assert float((learned + expected).abs().max()) > 0.5
+
+
+def test_minibatch_ot_agrees_with_brute_force_over_permutations() -> None:
+    generator = torch.Generator().manual_seed(3)
+    for _ in range(5):
+        x = torch.randn(6, 2, generator=generator, dtype=torch.float64)
+        z = torch.randn(6, 2, generator=generator, dtype=torch.float64)
+        x_out, z_out = ot_coupling(x, z)
+        assert torch.equal(x_out, x)
+        best = min(((x - z[list(p)]).square().sum(), p) for p in itertools.permutations(range(6)))  # 720 permutations
+        assert torch.equal(z_out, z[list(best[1])])
+        assert float((x - z_out).square().sum()) == pytest.approx(float(best[0]), abs=1e-12)
+
+
+def test_couplings_pair_within_context_groups_and_callables_are_checked() -> None:
+    torch.manual_seed(0)
+    flow = Flow(CNF(2, 1, hidden=(8,)), StandardNormal(2), context=1)
+    x = torch.randn(12, 2)
+    context = torch.tensor([0.0, 1.0] * 6)[:, None]
+    seen: list[torch.Tensor] = []
+
+    def recording(x, z):
+        seen.append(x)
+        return ot_coupling(x, z)
+
+    loss = FlowMatching(coupling=recording)(flow, (x, context))
+    assert loss.dim() == 0 and torch.isfinite(loss)
+    assert [len(rows) for rows in seen] == [6, 6]  # one assignment per context value
+    assert torch.equal(seen[0], x[0::2]) and torch.equal(seen[1], x[1::2])
+    loss.backward()
+    assert all(p.grad is not None for p in flow.parameters())
+
+    with pytest.raises(TypeError, match=r"expected the coupling to return shapes \(12, 2\) and \(12, 2\), got"):
+        FlowMatching(coupling=lambda x, z: (x[:3], z))(Flow(CNF(2, hidden=(8,)), StandardNormal(2)), (x,))
+    with pytest.raises(ValueError, match="expected coupling in"):
+        FlowMatching(coupling="sinkhorn")
+    with pytest.raises(ValueError, match=r"expected a finite sigma >= 0, got -0\.1"):
+        FlowMatching(sigma=-0.1)
+
+
+def test_flow_matching_refuses_flows_without_exactly_one_cnf() -> None:
+    with pytest.raises(TypeError, match=r"expected a Flow whose transform is one CNF .*got \[Affine\]"):
+        FlowMatching()(Flow(flows.Affine(2), StandardNormal(2)), (torch.randn(4, 2),))
+    with pytest.raises(TypeError, match=r"got \[CNF, CNF\]"):
+        FlowMatching()(flows.FFJORD(2, transforms=2, hidden=(8,)), (torch.randn(4, 2),))
+    with pytest.raises(
+        TypeError, match="expected the layers before the CNF to have no trainable parameters, got Affine"
+    ):
+        flow_matching_parts(Flow(flows.Chain(flows.Affine(2), CNF(2, hidden=(8,))), StandardNormal(2)))
+    with pytest.raises(TypeError, match="expected a Flow whose transform is a CNF, got CNF"):
+        FlowMatching()(CNF(2, hidden=(8,)), (torch.randn(4, 2),))
+
+
+def test_a_flow_matched_cnf_reaches_the_analytic_nll_of_a_2d_gaussian() -> None:
+    torch.manual_seed(0)
+    mean = torch.tensor([1.0, -0.5], dtype=torch.float64)
+    cov = torch.tensor([[1.5, 0.6], [0.6, 0.5]], dtype=torch.float64)
+    target = torch.distributions.MultivariateNormal(mean, cov)
+    flow = Flow(CNF(2, hidden=(32,), rtol=1e-6, atol=1e-6), StandardNormal(2)).double()
+    objective = FlowMatching()
+    optimizer = torch.optim.Adam(flow.parameters(), lr=1e-2)
+    scheduler = torch.optim.lr_scheduler.CosineAnnealingLR(optimizer, 800)
+    for _ in range(800):  # about 2 ms a step: no ODE solve in training
+        loss = objective(flow, (target.sample((256,)),))
+        optimizer.zero_grad()
+        loss.backward()
+        optimizer.step()
+        scheduler.step()
+    x = target.sample((2000,))
+    with torch.no_grad(), flows.evaluating(flow):
+        nll = -flow.log_prob(x)
+    exact = -target.log_prob(x)
+    # Same samples: the difference is a low-variance estimate of KL(p || q) >= 0.
+    assert abs(float(nll.mean() - exact.mean())) < 0.02, (float(nll.mean()), float(exact.mean()))
+    entropy = 0.5 * math.log(torch.linalg.det(2 * math.pi * math.e * cov).item())
+    assert float(exact.mean()) == pytest.approx(entropy, abs=0.05)
+
+
+def _fm_trainer(checkpoint: Path | None = None, **kwargs) -> Trainer:
+    torch.manual_seed(0)
+    flow = Flow(CNF(2, hidden=(8,), rtol=1e-4, atol=1e-4), StandardNormal(2))
+    return Trainer(
+        flow, FlowMatching(sigma=0.1, coupling="ot", eval_nll=True), lr=1e-2, checkpoint=checkpoint, **kwargs
+    )
+
+
+def test_trainer_resumes_flow_matching_exactly_and_validates_with_the_ode(tmp_path: Path) -> None:
+    x = torch.randn(120, 2, generator=torch.Generator().manual_seed(0)) * torch.tensor([1.0, 0.3])
+    full = _fm_trainer()
+    full.fit(x[:100], x[100:], epochs=3, batch_size=25)
+    reference = {k: v.clone() for k, v in full.model.state_dict().items()}
+    assert {"val_loss", "val_nll"} <= set(full.history.columns)
+    assert all(math.isfinite(v) for v in full.history["val_nll"])
+
+    first = _fm_trainer(tmp_path / "run.ckpt")
+    first.fit(x[:100], x[100:], epochs=3, batch_size=25, max_steps=6)
+    torch.manual_seed(123)  # the resumed process starts with different random state
+    resumed = _fm_trainer(tmp_path / "run.ckpt").resume()
+    assert resumed.step == 6
+    resumed.fit(x[:100], x[100:], epochs=3, batch_size=25)
+    for name, value in resumed.model.state_dict().items():
+        assert torch.equal(value, reference[name]), name
+    assert resumed.history["val_loss"][-1] == full.history["val_loss"][-1]
+
+
+def test_the_nan_guard_catches_a_non_finite_flow_matching_loss() -> None:
+    x = torch.randn(100, 2, generator=torch.Generator().manual_seed(0))
+    x[30] = math.nan  # one bad row poisons the second batch of 25
+    guard = NonFiniteGuard(max_consecutive=3)
+    trainer = _fm_trainer(guard=guard)
+    trainer.objective = FlowMatching()  # no coupling: the assignment would refuse NaN rows first
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore", TrainingWarning)
+        history = trainer.fit(x, epochs=1, batch_size=25, shuffle=False)
+    assert guard.skipped == 1 and history["skipped"] == [1.0]
+    assert all(torch.isfinite(p).all() for p in trainer.model.parameters())
+
+
+def test_cli_fit_with_flow_matching_on_a_cnf_and_refusal_for_other_models(tmp_path: Path, capsys) -> None:
+    from flows.cli import main
+
+    pytest.importorskip("sklearn")
+    tiny = ["--data", "moons", "--epochs", "1", "--hidden", "8", "--threads", "1", "--no-plots"]
+    out = tmp_path / "fm"
+    code = main(
+        [
+            "fit",
+            *tiny,
+            "--model",
+            "FFJORD",
+            "--transforms",
+            "1",
+            "--objective",
+            "fm",
+            "--coupling",
+            "ot",
+            "--sigma",
+            "0.05",
+            "--out",
+            str(out),
+        ]
+    )
+    assert code == 0
+    assert "test log-likelihood:" in capsys.readouterr().out
+    assert (out / "model.ckpt").is_file()
+    code = main(["fit", *tiny, "--model", "RealNVP", "--objective", "fm", "--out", str(tmp_path / "nvp")])
+    assert code == 2
+    error = capsys.readouterr().err.strip()
+    assert error.count("\n") == 0 and "--objective fm trains a continuous flow" in error
+
+
+def test_benchmark_smoke(capsys) -> None:
+    import runpy
+
+    pytest.importorskip("sklearn")
+    path = Path(__file__).resolve().parents[1] / "benchmarks" / "flow_matching.py"
+    main = runpy.run_path(str(path), run_name="benchmark")["main"]
+    argv = [
+        "--budget",
+        "0.3",
+        "--eval-every",
+        "0.15",
+        "--limit",
+        "100",
+        "--hidden",
+        "8",
+        "--contenders",
+        "ml",
+        "fm",
+        "fm-ot:16",
+        "--cosine",
+    ]
+    summary = main(argv)
+    assert len(summary) == 3 and all(math.isfinite(r["test_nll"]) for r in summary.values())
+    assert summary["FFJORD, maximum likelihood (exact)"]["reach_ratio"] <= 1.0
+    assert "medians over seeds [0]" in capsys.readouterr().out
