@@ -186,9 +186,10 @@ class EGNN(nn.Module):
             first = edge[0]
             a = first(torch.cat((h[:, rows], h[:, cols], d2, d2_0), -1))
             w = first.weight
-            va = torch.cat((vd2, vd2_0), -1) @ w[:, -2:].T
-            if vh is not None:
-                va = va + torch.cat((vh[:, :, rows], vh[:, :, cols]), -1) @ w[:, :-2].T
+            va = vd2 * w[:, -2] + vd2_0 * w[:, -1]
+            if vh is not None:  # multiply at the n nodes, then gather to the n(n-1) pairs
+                hid = self.hidden
+                va = va + (vh @ w[:, :hid].T)[:, :, rows] + (vh @ w[:, hid : 2 * hid].T)[:, :, cols]
             m, vm = _silu_jvp(a, va)
             m, vm = _silu_jvp(*_linear_jvp(edge[2], m, vm))
             # coordinate MLP: Linear, SiLU, Linear

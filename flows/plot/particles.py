@@ -80,12 +80,14 @@ def plot_particle_histograms(
         if limits is None:
             limits = (min(ref.min().item(), flow.min().item()), max(ref.max().item(), flow.max().item()))
         style = {"bins": bins, "range": limits, "density": True, "histtype": "step", "linewidth": 1.5}
-        finite = torch.isfinite(flow)
+        inside = torch.isfinite(flow) & (flow >= limits[0]) & (flow <= limits[1])
         ax.hist(ref.numpy(), label="reference data", color="black", **style)
-        ax.hist(flow[finite].numpy(), label="flow samples", color="tab:blue", **style)
+        if inside.any():  # an empty histogram cannot be normalised
+            ax.hist(flow[inside].numpy(), label="flow samples", color="tab:blue", **style)
         if weights is not None:
-            w = weights.repeat_interleave(per_sample)
-            ax.hist(flow[finite].numpy(), weights=w[finite].numpy(), label="reweighted", color="tab:red", **style)
+            w = weights.repeat_interleave(per_sample)[inside]
+            if w.sum() > 0:
+                ax.hist(flow[inside].numpy(), weights=w.numpy(), label="reweighted", color="tab:red", **style)
         ax.set_xlabel(label)
         ax.set_ylabel("density")
         if k == 0:
