@@ -13,9 +13,9 @@ machine may be shared, so wall-clock numbers are only comparable within one run)
   ``--samples`` flow samples, next to the project's MALA run on the same target (⟨u⟩ at β = 1,
   split R̂ of the energy). **DW4 trains on ``train`` (100k) and tests on ``test``; LJ13 trains on
   ``val`` (10k) and tests on ``test``** (only those two LJ13 splits exist).
-  Published figures (same conventions; quote with their tables): Klein et al. 2023, Table 1
-  (bgflow convention): DW4 equivariant OT FM NLL 1.70 ± 0.02 (ESS 0.87 from the issue's rerun),
-  LJ13 −16.09 ± 1.51 (their Table 1, with ~1e5 training samples; ours use 10k).
+  The reference line is the reference implementation of Klein et al. (2023) (EGNN 3x32, Adam
+  5e-4, batch 128) as run on this machine for issue 18, in the bgflow convention; published
+  tables should be compared in their own convention (``docs/particles.md``).
 * ``paths``: mean straight transport path length ‖x − z‖ of the three couplings on the same data
   and base batches (Klein et al. 2023, Table 2's quantity).
 * ``speed``: samples per second of the exact-trace NLL and of sampling with log q, LJ13-sized EGNN
@@ -59,9 +59,9 @@ from flows.targets import DW4, LJ13
 from flows.train.flow_matching import FlowMatching
 
 SYSTEMS = {"dw4": (DW4, "train"), "lj13": (LJ13, "val")}
-PUBLISHED = {  # Klein, Krämer, Noé (2023), Table 1, equivariant OT flow matching, bgflow convention
-    "dw4": "Klein et al. 2023 Table 1: NLL 1.70 ± 0.02 (bgflow) = 7.21 normalised",
-    "lj13": "Klein et al. 2023 Table 1: NLL -16.09 ± 1.51 (bgflow) = 16.99 normalised (trained on more data)",
+REFERENCE = {  # the reference code of Klein et al. (2023), run on this machine (issue 18), bgflow convention
+    "dw4": "Klein et al. reference code, 10 min here: NLL 1.70 ± 0.06 (bgflow) = 7.21 normalised, ESS 0.87",
+    "lj13": "Klein et al. reference code, 12 min here (val 10k): NLL -14.96 ± 0.41 (bgflow) = 18.12 normalised",
 }
 
 
@@ -219,7 +219,7 @@ def table(system: str, args) -> dict:
         f"{'MALA (' + str(args.mcmc_chains) + ' chains)':<22}{args.mcmc_steps:>7}{'':>9}{'':>12}{'':>7}{'':>7}{'':>16}"
         f"{mcmc['mean_energy']:>12.3f}±{mcmc['se']:.3f}   R-hat {mcmc['rhat']:.3f}, acceptance {mcmc['accept']:.2f}"
     )
-    print(f"published: {PUBLISHED[system]}")
+    print(f"reference: {REFERENCE[system]}")
     return {"rows": rows, "mcmc": mcmc}
 
 
