@@ -7,6 +7,15 @@ state, no display needed) and, given ``path``, also saves it.
 from flows.plot.density import plot_corner, plot_density_2d
 from flows.plot.images import plot_image_grid
 from flows.plot.mcmc import plot_chain_pairs, plot_trace
+from flows.plot.particles import plot_particle_histograms
 from flows.plot.training import plot_history
 
-__all__ = ["plot_chain_pairs", "plot_corner", "plot_density_2d", "plot_history", "plot_image_grid", "plot_trace"]
+__all__ = [
+    "plot_chain_pairs",
+    "plot_corner",
+    "plot_density_2d",
+    "plot_history",
+    "plot_image_grid",
+    "plot_particle_histograms",
+    "plot_trace",
+]

@@ -1,0 +1,223 @@
+r"""An E(n)-equivariant graph network as the time-dependent vector field of a continuous flow over particles."""
+
+from __future__ import annotations
+
+import itertools
+import math
+
+import torch
+from torch import Tensor, nn
+
+from flows.particles.mean_free import _check_sizes, remove_mean
+
+__all__ = ["EGNN"]
+
+
+def _mlp(sizes: list[int], activation: type[nn.Module], last_activation: bool) -> nn.Sequential:
+    layers: list[nn.Module] = []
+    for k, (a, b) in enumerate(itertools.pairwise(sizes)):
+        layers.append(nn.Linear(a, b))
+        if k < len(sizes) - 2 or last_activation:
+            layers.append(activation())
+    return nn.Sequential(*layers)
+
+
+def _linear_jvp(layer: nn.Linear, a: Tensor, va: Tensor) -> tuple[Tensor, Tensor]:
+    return layer(a), va @ layer.weight.T
+
+
+def _silu_jvp(a: Tensor, va: Tensor) -> tuple[Tensor, Tensor]:
+    s = torch.sigmoid(a)
+    return a * s, va * (s * (1 + a * (1 - s)))
+
+
+class EGNN(nn.Module):
+    r"""Time-conditioned E(n)-equivariant graph network (Satorras, Hoogeboom, Welling 2021) on a complete graph.
+
+    The state is a flat configuration ``z`` of shape ``(N, n·d)`` (particle-major); every particle
+    is identical and starts with the node feature :math:`h_i^0 = \phi_t(t)` (an MLP of
+    :math:`[t, \cos\pi t, \sin\pi t]`). Each of the ``layers`` layers updates, over ordered pairs
+    :math:`i \ne j`,
+
+    .. math::
+        m_{ij} &= \phi_e\big(h_i, h_j, \|x_i - x_j\|^2, \|x^0_i - x^0_j\|^2\big), \\
+        x_i &\leftarrow x_i + \frac{1}{n-1} \sum_{j \ne i}
+            \frac{x_i - x_j}{\sqrt{\|x_i - x_j\|^2 + 1}}\, \phi_x(m_{ij}), \\
+        h_i &\leftarrow h_i + \phi_h\big(h_i, \textstyle\sum_{j \ne i} m_{ij}\big),
+
+    and the field is :math:`f(t, z) = P(x^L - x^0)` with :math:`P` the projection onto the
+    zero-centre-of-mass subspace (:func:`~flows.particles.remove_mean`). It only sees differences
+    and distances, so for any permutation :math:`\sigma` of the particles, orthogonal matrix
+    :math:`R` (rotations and reflections) and translation :math:`c`,
+    :math:`f(t, \sigma(Rz + c)) = \sigma(R f(t, z))`: equivariant, translation invariant and
+    mean free. Because :math:`f` is translation invariant and mean free, its Jacobian satisfies
+    :math:`J = P J P`, so the trace over all :math:`n d` coordinates equals the trace over the
+    :math:`(n-1)d`-dimensional subspace (the dimension bookkeeping of ``docs/particles.md``). The
+    distance normalisation :math:`1/\sqrt{\|\cdot\|^2 + 1}` keeps the field smooth everywhere (as
+    in E-NF's stabilised coordinate update). SiLU activations throughout (smooth, so adaptive
+    solvers stay efficient); the last layer of :math:`\phi_x` starts small (Xavier gain 0.001, as in
+    the reference code) so the flow starts near the identity.
+
+    ``t`` is a scalar tensor (ODE solves) or one time per sample, shape ``(N,)`` (flow matching).
+    :meth:`jvp` returns the field and a stack of Jacobian-vector products in one forward-mode
+    pass with the tangents propagated by hand (about 2x faster here than :func:`torch.func.jvp`
+    under :func:`torch.func.vmap`, which recomputes much of the graph per tangent): the CNF then takes the
+    exact trace from ``n·d`` tangents at once instead of one backward pass per coordinate.
+
+    References:
+        Satorras, Hoogeboom, Welling (2021), "E(n) Equivariant Graph Neural Networks", ICML,
+        arXiv:2102.09844. Satorras, Hoogeboom, Fuchs, Posner, Welling (2021), "E(n) Equivariant
+        Normalizing Flows", NeurIPS, arXiv:2105.09016. Klein, Krämer, Noé (2023), "Equivariant flow
+        matching", NeurIPS, arXiv:2306.15030.
+
+    Args:
+        n_particles: number of particles ``n``.
+        spatial_dim: spatial dimension ``d``.
+        hidden: width of node features and messages.
+        layers: number of message-passing layers.
+
+    Example:
+        >>> import torch
+        >>> field = EGNN(4, 2, hidden=8, layers=2)
+        >>> z = torch.randn(5, 8)
+        >>> f = field(torch.tensor(0.3), z)
+        >>> f.shape, bool(f.unflatten(-1, (4, 2)).sum(-2).abs().max() < 1e-5)
+        (torch.Size([5, 8]), True)
+        >>> swap = torch.tensor([2, 3, 0, 1, 4, 5, 6, 7])  # particles 0 and 1 exchanged
+        >>> torch.allclose(field(torch.tensor(0.3), z[:, swap]), f[:, swap], atol=1e-6)
+        True
+    """
+
+    def __init__(self, n_particles: int, spatial_dim: int, *, hidden: int = 32, layers: int = 3) -> None:
+        super().__init__()
+        _check_sizes(n_particles, spatial_dim, "EGNN")
+        for name, value in (("hidden", hidden), ("layers", layers)):
+            if not isinstance(value, int) or isinstance(value, bool) or value < 1:
+                raise ValueError(f"EGNN: expected {name} to be a positive int, got {value!r}")
+        self.n_particles, self.spatial_dim, self.hidden, self.layers = n_particles, spatial_dim, hidden, layers
+        n = n_particles
+        rows = torch.arange(n).repeat_interleave(n - 1)  # pairs grouped by i: (0,1), (0,2), ..., (1,0), ...
+        cols = torch.tensor([j for i in range(n) for j in range(n) if j != i])
+        self.register_buffer("_rows", rows, persistent=False)
+        self.register_buffer("_cols", cols, persistent=False)
+        act = nn.SiLU
+        self.embed = _mlp([3, hidden, hidden], act, last_activation=False)
+        self.edge = nn.ModuleList(_mlp([2 * hidden + 2, hidden, hidden], act, True) for _ in range(layers))
+        # the last layer's node update would not reach the output: there are layers - 1 of them
+        self.node = nn.ModuleList(_mlp([2 * hidden, hidden, hidden], act, False) for _ in range(layers - 1))
+        self.coord = nn.ModuleList(_mlp([hidden, hidden, 1], act, False) for _ in range(layers))
+        for c in self.coord:
+            nn.init.xavier_uniform_(c[-1].weight, gain=0.001)
+            nn.init.zeros_(c[-1].bias)
+
+    def forward(self, t: Tensor, z: Tensor) -> Tensor:
+        """The field ``(*batch, n·d)`` at times ``t`` (``()`` or ``batch``) and states ``z`` (``(*batch, n·d)``)."""
+        t = torch.as_tensor(t, dtype=z.dtype, device=z.device)
+        features = self.n_particles * self.spatial_dim
+        if z.dim() < 1 or z.shape[-1] != features:
+            raise ValueError(f"EGNN: expected z of shape (*batch, {features}), got {tuple(z.shape)}")
+        shape = z.shape[:-1]
+        if t.dim() != 0 and t.shape != shape:
+            raise ValueError(f"EGNN: expected t of shape () or {tuple(shape)}, got {tuple(t.shape)}")
+        z = z.reshape(-1, features)
+        n, batch = self.n_particles, z.shape[0]
+        x0 = z.unflatten(-1, (n, self.spatial_dim))
+        t = t.expand(shape).reshape(batch)[:, None]
+        h = self.embed(torch.cat((t, torch.cos(math.pi * t), torch.sin(math.pi * t)), -1))
+        h = h[:, None, :].expand(batch, n, self.hidden)
+        rows, cols = self._rows, self._cols
+        d2_0 = (x0[:, rows] - x0[:, cols]).square().sum(-1, keepdim=True)
+        x = x0
+        for index, (edge, coord) in enumerate(zip(self.edge, self.coord, strict=True)):
+            diff = x[:, rows] - x[:, cols]
+            d2 = diff.square().sum(-1, keepdim=True)
+            m = edge(torch.cat((h[:, rows], h[:, cols], d2, d2_0), -1))  # (N, P, H)
+            shift = diff * (coord(m) / (d2 + 1).sqrt())
+            x = x + shift.unflatten(1, (n, n - 1)).mean(2)
+            if index < len(self.node):
+                h = h + self.node[index](torch.cat((h, m.unflatten(1, (n, n - 1)).sum(2)), -1))
+        return remove_mean((x - x0).flatten(-2), n, self.spatial_dim).reshape(*shape, features)
+
+    def jvp(self, t: Tensor, z: Tensor, tangents: Tensor) -> tuple[Tensor, Tensor]:
+        r"""The field and :math:`J v` for a stack of tangents, propagated through the layers in forward mode.
+
+        Tangents are carried through every operation by hand (``v ← v Wᵀ`` through a linear layer,
+        ``v ← σ'(a) ⊙ v`` through SiLU, product rules through the coordinate update), all ``K``
+        at once, as :class:`~flows.nn.TimeMLP` does: one pass for the exact trace, differentiable
+        with first-order backpropagation. The time embedding does not depend on ``z``, so the
+        first layer's node features carry no tangent and its edge tangents are only those of the
+        two distance inputs.
+
+        Args:
+            t: time, ``()`` or ``(N,)``.
+            z: states ``(N, n·d)``.
+            tangents: ``(K, N or 1, n·d)``.
+
+        Returns:
+            ``(f, jv)`` of shapes ``(N, n·d)`` and ``(K, N, n·d)``.
+        """
+        t = torch.as_tensor(t, dtype=z.dtype, device=z.device)
+        features = self.n_particles * self.spatial_dim
+        if z.dim() != 2 or z.shape[-1] != features:
+            raise ValueError(f"EGNN.jvp: expected z of shape (N, {features}), got {tuple(z.shape)}")
+        if tangents.dim() != 3 or tangents.shape[-1] != features or tangents.shape[1] not in (1, z.shape[0]):
+            raise ValueError(
+                f"EGNN.jvp: expected tangents of shape (K, {z.shape[0]} or 1, {features}), got {tuple(tangents.shape)}"
+            )
+        n, d, batch, k = self.n_particles, self.spatial_dim, z.shape[0], tangents.shape[0]
+        x0 = z.unflatten(-1, (n, d))
+        v0 = tangents.expand(k, batch, features).unflatten(-1, (n, d))
+        tt = t.expand(batch)[:, None]
+        h = self.embed(torch.cat((tt, torch.cos(math.pi * tt), torch.sin(math.pi * tt)), -1))
+        h = h[:, None, :].expand(batch, n, self.hidden)
+        vh: Tensor | None = None  # tangent of h: none until the first node update
+        rows, cols = self._rows, self._cols
+        diff0 = x0[:, rows] - x0[:, cols]
+        vdiff0 = v0[:, :, rows] - v0[:, :, cols]
+        d2_0 = diff0.square().sum(-1, keepdim=True)
+        vd2_0 = 2 * (diff0 * vdiff0).sum(-1, keepdim=True)
+        x, v = x0, v0
+        for index, (edge, coord) in enumerate(zip(self.edge, self.coord, strict=True)):
+            diff = x[:, rows] - x[:, cols]
+            vdiff = v[:, :, rows] - v[:, :, cols]
+            d2 = diff.square().sum(-1, keepdim=True)
+            vd2 = 2 * (diff * vdiff).sum(-1, keepdim=True)
+            # edge MLP: Linear, SiLU, Linear, SiLU on [h_i, h_j, d2, d2_0]
+            first = edge[0]
+            a = first(torch.cat((h[:, rows], h[:, cols], d2, d2_0), -1))
+            w = first.weight
+            va = vd2 * w[:, -2] + vd2_0 * w[:, -1]
+            if vh is not None:  # multiply at the n nodes, then gather to the n(n-1) pairs
+                hid = self.hidden
+                va = va + (vh @ w[:, :hid].T)[:, :, rows] + (vh @ w[:, hid : 2 * hid].T)[:, :, cols]
+            m, vm = _silu_jvp(a, va)
+            m, vm = _silu_jvp(*_linear_jvp(edge[2], m, vm))
+            # coordinate MLP: Linear, SiLU, Linear
+            c, vc = _silu_jvp(*_linear_jvp(coord[0], m, vm))
+            c, vc = _linear_jvp(coord[2], c, vc)
+            scale = (d2 + 1).rsqrt()
+            vscale = -0.5 * scale.pow(3) * vd2
+            shift = diff * (c * scale)
+            vshift = vdiff * (c * scale) + diff * (vc * scale + c * vscale)
+            x = x + shift.unflatten(1, (n, n - 1)).mean(2)
+            v = v + vshift.unflatten(2, (n, n - 1)).mean(3)
+            if index == len(self.node):
+                break
+            # node MLP: Linear, SiLU, Linear on [h, sum_j m_ij]
+            node = self.node[index]
+            agg, vagg = m.unflatten(1, (n, n - 1)).sum(2), vm.unflatten(2, (n, n - 1)).sum(3)
+            first = node[0]
+            a = first(torch.cat((h, agg), -1))
+            va = vagg @ first.weight[:, self.hidden :].T
+            if vh is not None:
+                va = va + vh @ first.weight[:, : self.hidden].T
+            b, vb = _linear_jvp(node[2], *_silu_jvp(a, va))
+            h = h + b
+            vh = vb if vh is None else vh + vb
+        f = remove_mean((x - x0).flatten(-2), n, d)
+        jv = remove_mean((v - v0).flatten(-2), n, d)
+        return f, jv
+
+    def extra_repr(self) -> str:
+        sizes = f"n_particles={self.n_particles}, spatial_dim={self.spatial_dim}"
+        return f"{sizes}, hidden={self.hidden}, layers={self.layers}"

@@ -1,0 +1,262 @@
+"""Particle flows: EGNN equivariance, the mean-free Gaussian, alignment, equivariant OT, evaluation (float64, tiny)."""
+
+from __future__ import annotations
+
+import itertools
+import math
+
+import numpy as np
+import pytest
+import torch
+
+from flows import CNF
+from flows.particles import (
+    EGNN,
+    EquivariantCNF,
+    EquivariantOTCoupling,
+    MeanFreeNormal,
+    align,
+    best_permutation,
+    boltzmann_evaluation,
+    kabsch,
+    nll_conventions,
+    particle_nll,
+    path_lengths,
+    remove_mean,
+    subspace_basis,
+)
+from flows.targets import DW4
+
+F64 = torch.float64
+
+
+def _orthogonal(d: int, gen: torch.Generator, reflect: bool) -> torch.Tensor:
+    q, r = torch.linalg.qr(torch.randn(d, d, generator=gen, dtype=F64))
+    q = q * torch.sign(torch.diagonal(r))
+    if torch.linalg.det(q) < 0:
+        q[:, 0] = -q[:, 0]
+    if reflect:
+        q[:, -1] = -q[:, -1]
+    return q
+
+
+def _act(x: torch.Tensor, n: int, d: int, perm: torch.Tensor, rot: torch.Tensor, shift: torch.Tensor) -> torch.Tensor:
+    """Apply x -> permute(R x + c) to flat configurations."""
+    pos = x.unflatten(-1, (n, d))
+    return (pos[..., perm, :] @ rot.T + shift).flatten(-2)
+
+
+def _perturbed_field(n: int, d: int, seed: int = 0) -> EGNN:
+    torch.manual_seed(seed)
+    field = EGNN(n, d, hidden=8, layers=2).double()
+    with torch.no_grad():
+        for p in field.parameters():
+            p.add_(0.1 * torch.randn_like(p))
+    return field
+
+
+@pytest.mark.parametrize(("n", "d"), [(4, 2), (5, 3)])
+@pytest.mark.parametrize("reflect", [False, True])
+def test_egnn_equivariance(n: int, d: int, reflect: bool) -> None:
+    gen = torch.Generator().manual_seed(1)
+    field = _perturbed_field(n, d)
+    z = torch.randn(6, n * d, generator=gen, dtype=F64)
+    perm, rot = torch.randperm(n, generator=gen), _orthogonal(d, gen, reflect)
+    shift = torch.randn(d, generator=gen, dtype=F64)
+    for t in (torch.tensor(0.3, dtype=F64), torch.rand(6, generator=gen, dtype=F64)):
+        f = field(t, z)
+        moved = field(t, _act(z, n, d, perm, rot, shift))
+        torch.testing.assert_close(moved, _act(f, n, d, perm, rot, torch.zeros(d, dtype=F64)), atol=1e-12, rtol=0)
+        assert f.unflatten(-1, (n, d)).sum(-2).abs().max() < 1e-12  # mean free
+        assert f.abs().max() > 1e-3  # not trivially zero
+
+
+def test_egnn_jvp_matches_autograd_jacobian() -> None:
+    n, d = 4, 3
+    field = _perturbed_field(n, d)
+    gen = torch.Generator().manual_seed(2)
+    z = torch.randn(3, n * d, generator=gen, dtype=F64)
+    t = torch.rand(3, generator=gen, dtype=F64)
+    tangents = torch.randn(5, 3, n * d, generator=gen, dtype=F64)
+    f, jv = field.jvp(t, z, tangents)
+    torch.testing.assert_close(f, field(t, z), atol=1e-14, rtol=0)
+    for i in range(3):
+        jac = torch.func.jacrev(lambda s, i=i: field(t[i : i + 1], s[None])[0])(z[i])
+        torch.testing.assert_close(jv[:, i], tangents[:, i] @ jac.T, atol=1e-12, rtol=0)
+    # the Jacobian is P J P: zero along translations and mean free
+    jac = torch.func.jacrev(lambda s: field(t[:1], s[None])[0])(z[0])
+    ones = torch.eye(d, dtype=F64).repeat(n, 1)  # (n d, d): the translation directions
+    assert (jac @ ones).abs().max() < 1e-12 and (ones.T @ jac).abs().max() < 1e-12
+
+
+def test_egnn_rejects_bad_shapes() -> None:
+    field = EGNN(3, 2, hidden=4, layers=1)
+    with pytest.raises(ValueError, match=r"expected z of shape \(\*batch, 6\)"):
+        field(torch.tensor(0.0), torch.randn(2, 5))
+    with pytest.raises(ValueError, match="expected t of shape"):
+        field(torch.zeros(3), torch.randn(2, 6))
+    with pytest.raises(ValueError, match="expected n_particles to be an int >= 2"):
+        EGNN(1, 2)
+
+
+def test_log_prob_invariant_under_the_symmetry_group() -> None:
+    n, d = 4, 2
+    torch.manual_seed(0)
+    flow = EquivariantCNF(n, d, hidden=8, layers=2, rtol=1e-11, atol=1e-11).double()
+    with torch.no_grad():
+        for p in flow.parameters():
+            p.add_(0.1 * torch.randn_like(p))
+    gen = torch.Generator().manual_seed(3)
+    x = torch.randn(5, n * d, generator=gen, dtype=F64)
+    log_q = flow.log_prob(x).detach()
+    for reflect in (False, True):
+        perm, rot = torch.randperm(n, generator=gen), _orthogonal(d, gen, reflect)
+        moved = _act(x, n, d, perm, rot, 3 * torch.randn(d, generator=gen, dtype=F64))
+        torch.testing.assert_close(flow.log_prob(moved).detach(), log_q, atol=1e-8, rtol=0)
+    assert (log_q - flow.base.log_prob(x)).abs().max() > 1e-3  # the flow is not the identity
+
+
+def test_cnf_log_det_on_the_subspace() -> None:
+    """ladj = log|det| of the solution map's Jacobian in an orthonormal basis of the subspace."""
+    n, d = 3, 2
+    cnf = CNF(n * d, field=_perturbed_field(n, d), rtol=1e-10, atol=1e-10)
+    q = subspace_basis(n, d, dtype=F64)
+    gen = torch.Generator().manual_seed(4)
+    for x in remove_mean(torch.randn(2, n * d, generator=gen, dtype=F64), n, d):
+        jac = torch.autograd.functional.jacobian(lambda s: cnf(s[None])[0], x)
+        sub = q.T @ jac @ q
+        _, ladj = cnf.forward_and_log_det(x[None])
+        torch.testing.assert_close(ladj[0].detach(), torch.linalg.slogdet(sub)[1], atol=1e-7, rtol=0)
+        torch.testing.assert_close(jac @ (torch.eye(n * d, dtype=F64) - q @ q.T), torch.eye(n * d, dtype=F64) - q @ q.T)
+        assert abs(ladj.item()) > 1e-3
+
+
+def test_subspace_basis_is_orthonormal_and_spans_the_subspace() -> None:
+    q = subspace_basis(4, 3, dtype=F64)
+    torch.testing.assert_close(q.T @ q, torch.eye(9, dtype=F64))
+    x = torch.randn(7, 12, dtype=F64)
+    torch.testing.assert_close(x @ q @ q.T, remove_mean(x, 4, 3))
+
+
+@pytest.mark.parametrize(("n", "d"), [(2, 1), (3, 1), (2, 2)])
+def test_mean_free_normal_integrates_to_one_on_its_subspace(n: int, d: int) -> None:
+    base = MeanFreeNormal(n, d).double()
+    q = subspace_basis(n, d, dtype=F64)
+    k = (n - 1) * d
+    grid = torch.linspace(-9, 9, 801, dtype=F64)
+    step = (grid[1] - grid[0]).item()
+    coords = torch.cartesian_prod(*([grid] * k)).reshape(-1, k)
+    density = base.log_prob(coords @ q.T).exp()
+    assert abs(density.sum().item() * step**k - 1) < 1e-6
+    assert base.subspace_dim == k and math.isclose(base.log_normalizer, 0.5 * k * math.log(2 * math.pi))
+
+
+def test_mean_free_normal_samples_and_invariance() -> None:
+    base = MeanFreeNormal(5, 3).double()
+    torch.manual_seed(0)
+    z = base.sample((2000,))
+    assert z.unflatten(-1, (5, 3)).sum(-2).abs().max() < 1e-12
+    cov = torch.cov(z.T)
+    torch.testing.assert_close(cov, remove_mean(torch.eye(15, dtype=F64), 5, 3), atol=0.1, rtol=0)
+    shifted = (z[:3].unflatten(-1, (5, 3)) + torch.tensor([1.0, -2.0, 0.5], dtype=F64)).flatten(-2)
+    torch.testing.assert_close(base.log_prob(shifted), base.log_prob(z[:3]))
+    with pytest.raises(ValueError, match="expected spatial_dim to be an int >= 1"):
+        MeanFreeNormal(3, 0)
+
+
+@pytest.mark.parametrize("reflect", [False, True])
+def test_kabsch_recovers_a_known_rotation(reflect: bool) -> None:
+    gen = torch.Generator().manual_seed(5)
+    x = remove_mean(torch.randn(7 * 3, generator=gen, dtype=F64), 7, 3).reshape(7, 3)
+    rot = _orthogonal(3, gen, reflect)
+    torch.testing.assert_close(kabsch(x, x @ rot.T), rot)
+    proper = kabsch(x, x @ rot.T, reflections=False)
+    assert torch.linalg.det(proper).item() == pytest.approx(1.0)
+    if not reflect:
+        torch.testing.assert_close(proper, rot)
+    with pytest.raises(ValueError, match="expected x and z of the same shape"):
+        kabsch(x, x[:3])
+
+
+def test_permutation_alignment_recovers_a_known_permutation() -> None:
+    gen = torch.Generator().manual_seed(6)
+    z = torch.randn(9, 2, generator=gen, dtype=F64)
+    perm = torch.randperm(9, generator=gen)
+    sigma = best_permutation(z[perm], z)
+    assert torch.equal(perm[sigma], torch.arange(9))
+
+
+def test_align_undoes_permutation_rotation_and_translation() -> None:
+    n, d = 6, 3
+    gen = torch.Generator().manual_seed(7)
+    z = remove_mean(torch.randn(4, n * d, generator=gen, dtype=F64), n, d)
+    perm, rot = torch.randperm(n, generator=gen), _orthogonal(d, gen, True)
+    # rotate by a small angle so the assignment on raw distances can find the permutation first
+    rot = torch.linalg.matrix_exp(0.1 * (rot - rot.T) / 2)
+    x = _act(z, n, d, perm, rot, torch.randn(d, generator=gen, dtype=F64))
+    torch.testing.assert_close(align(x, z, n, d), z, atol=1e-10, rtol=0)
+
+
+def _pair_distances(x: torch.Tensor, n: int, d: int) -> torch.Tensor:
+    pos = x.unflatten(-1, (n, d))
+    return torch.cdist(pos, pos).flatten(-2).sort(-1).values
+
+
+def test_equivariant_ot_coupling_matches_brute_force() -> None:
+    n, d, batch = 4, 2, 4
+    gen = torch.Generator().manual_seed(8)
+    x = torch.randn(batch, n * d, generator=gen, dtype=F64)
+    z = remove_mean(torch.randn(batch, n * d, generator=gen, dtype=F64), n, d)
+    x2, z2 = EquivariantOTCoupling(n, d)(x, z)
+    assert torch.equal(z2, z)
+    # every output row is a data row moved by a symmetry: same distance multiset, each used once
+    used = []
+    for row in x2:
+        match = [i for i in range(batch) if torch.allclose(_pair_distances(row, n, d), _pair_distances(x[i], n, d))]
+        assert len(match) == 1
+        used.append(match[0])
+    assert sorted(used) == list(range(batch))
+    # the total cost is the brute-force minimum over batch assignments of the aligned costs
+    cost = torch.stack(
+        [((align(x[i : i + 1], z[j : j + 1], n, d) - z[j]) ** 2).sum() for i in range(batch) for j in range(batch)]
+    )
+    cost = cost.reshape(batch, batch)
+    best = min(sum(cost[p[j], j] for j in range(batch)) for p in itertools.permutations(range(batch)))
+    assert (x2 - z2).square().sum().item() == pytest.approx(best.item(), abs=1e-10)
+    # without OT the pairs are kept
+    x3, _ = EquivariantOTCoupling(n, d, ot=False)(x, z)
+    for i in range(batch):
+        torch.testing.assert_close(_pair_distances(x3[i], n, d), _pair_distances(x[i], n, d))
+    with pytest.raises(ValueError, match=r"expected x and z of shape \(N, 8\)"):
+        EquivariantOTCoupling(n, d)(x[:, :6], z[:, :6])
+
+
+def test_path_lengths_shrink_with_the_coupling() -> None:
+    target = DW4().double()
+    gen = torch.Generator().manual_seed(9)
+    x = torch.randn(64, 8, generator=gen, dtype=F64) * 2
+    z = MeanFreeNormal(4, 2).double()
+    torch.manual_seed(0)
+    lengths = path_lengths(x, z.sample((64,)), 4, 2, batch_size=32)
+    assert lengths["equivariant OT"] < lengths["OT"] < lengths["independent"]
+    assert target.dim == 8
+
+
+def test_nll_conventions_match_published_pairs() -> None:
+    # Klein et al. (2023) report DW4 1.70 (bgflow) = 7.21 normalised, LJ13 -14.96 = 18.12
+    assert nll_conventions(7.21, 4, 2)["bgflow"] == pytest.approx(1.70, abs=0.005)
+    assert nll_conventions(18.12, 13, 3)["bgflow"] == pytest.approx(-14.96, abs=0.005)
+
+
+def test_particle_nll_and_boltzmann_evaluation() -> None:
+    torch.manual_seed(0)
+    flow = EquivariantCNF(4, 2, hidden=8, layers=1, rtol=1e-6, atol=1e-6)
+    x = torch.randn(6, 8) * 2
+    nll = particle_nll(flow, x, batch_size=4)
+    assert nll.dtype == F64 and nll.shape == (6,) and flow._anchor.dtype == torch.float32
+    with torch.no_grad():
+        torch.testing.assert_close(nll.float(), -flow.log_prob(x), atol=1e-3, rtol=0)
+    result = boltzmann_evaluation(flow, DW4(), 50, batch_size=20)
+    assert result.samples.shape == (50, 8) and result.log_w.shape == (50,)
+    assert 0 < result.ess <= 1 and np.isfinite(result.mean_energy[0]) and result.mean_energy[1] >= 0
+    assert flow._anchor.dtype == torch.float32
