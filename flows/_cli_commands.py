@@ -214,7 +214,16 @@ def _fit(args: argparse.Namespace) -> int:
             f"{str(out)!r} already holds a run; pass --resume to continue it or --overwrite to start afresh"
         )
     if args.resume and not checkpoint.exists():
-        raise FileNotFoundError(f"--resume: no checkpoint in {str(out)!r}")
+        if not (out / "run.json").is_file():
+            raise FileNotFoundError(f"--resume: expected a run with a checkpoint in {str(out)!r}, got none")
+        # a run stopped before its first checkpoint (written after the first epoch or 5 s) has no state to
+        # continue: it starts again from the beginning, and says so
+        print(
+            f"flows fit: warning: --resume: the run in {str(out)!r} stopped before its first checkpoint; "
+            "starting it again from the beginning",
+            file=sys.stderr,
+        )
+        args.resume = False
     spec = {
         "name": str(args.data),
         "data_dir": args.data_dir,
@@ -470,7 +479,7 @@ def sample(args: argparse.Namespace) -> int:
     if not args.overwrite:  # earlier samples stay: default names get a number, named files need --overwrite
         if args.out is None and args.picture is None:
             out, picture = _unused_names(out, picture)
-        elif taken := [str(p) for p in (out, picture) if p.exists()]:
+        elif taken := [str(p) for p in dict.fromkeys((args.out, out, picture)) if p is not None and p.exists()]:
             raise ValueError(f"expected new output files, got existing {taken}; pass --overwrite to replace them")
     _check_output_file(out, "--out")
     _check_output_file(picture, "--picture")

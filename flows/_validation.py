@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import operator
 from collections.abc import Sequence
 
 import torch
@@ -9,6 +10,7 @@ from torch import Tensor
 
 __all__ = [
     "Shape",
+    "as_sample_shape",
     "as_shape",
     "check_context",
     "check_context_like",
@@ -192,3 +194,22 @@ def check_context_like(context: Tensor, x: Tensor, event_ndim: int, who: str, fe
             f"{who}: expected a context of shape (*batch, C) with batch shape {tuple(batch)} (or one that "
             f"broadcasts to it) for an input of shape {tuple(x.shape)}, got {tuple(context.shape)}"
         )
+
+
+def as_sample_shape(sample_shape: Sequence[int] | int) -> torch.Size:
+    """``sample_shape`` (an int or a sequence of ints) as a ``torch.Size``, refusing negative or non-integer sizes.
+
+    Raises:
+        TypeError: for sizes that are not integers.
+        ValueError: for negative sizes.
+    """
+    try:
+        if isinstance(sample_shape, Sequence):
+            shape = tuple(operator.index(n) for n in sample_shape)
+        else:
+            shape = (operator.index(sample_shape),)
+    except TypeError:
+        raise TypeError(f"sample: expected a sample shape of integers, got {sample_shape!r}") from None
+    if any(n < 0 for n in shape):
+        raise ValueError(f"sample: expected a sample shape of non-negative integers, got {sample_shape!r}")
+    return torch.Size(shape)

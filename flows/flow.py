@@ -24,6 +24,7 @@ import torch.distributions as td
 from torch import Tensor, nn
 
 from flows._validation import (
+    as_sample_shape,
     check_context,
     check_context_like,
     check_event,
@@ -65,7 +66,7 @@ def evaluating(module: nn.Module) -> Iterator[nn.Module]:
 
 
 def _as_size(sample_shape: Sequence[int] | int) -> torch.Size:
-    return torch.Size((sample_shape,) if isinstance(sample_shape, int) else sample_shape)
+    return as_sample_shape(sample_shape)
 
 
 class Flow(nn.Module):

@@ -317,5 +317,11 @@ def load_model(path: str | os.PathLike, *, map_location: str | torch.device = "c
             found[alias] = found[source]
     expected = model.state_dict()
     _check_tensors(found, expected, repr(str(weights)))
+    bad = [key for key, value in found.items() if value.is_floating_point() and not bool(torch.isfinite(value).all())]
+    if bad:
+        raise ModelFileError(
+            f"load_model: expected finite weights in {str(weights)!r}, got NaN/Inf values in {bad[:3]}"
+            + (f" and {len(bad) - 3} more" if len(bad) > 3 else "")
+        )
     model.load_state_dict(found, strict=True)
     return model.to(map_location).eval()

@@ -23,6 +23,7 @@ from collections.abc import Callable, Sequence
 import torch
 from torch import Tensor, nn
 
+from flows._validation import as_sample_shape
 from flows.bijections.base import Bijection, Chain
 from flows.bijections.circulant import CirculantDiagonal2d
 from flows.bijections.conv import Invertible1x1Conv
@@ -197,8 +198,8 @@ class Glow(Flow):
         self.image_shape = shape
         if logit_alpha is None:
             transform = body
-        else:  # the domain is checked in log_prob (Logit's own check is stricter than its domain)
-            transform = Chain(Logit(shape, alpha=logit_alpha, check_domain=False), body)
+        else:
+            transform = Chain(Logit(shape, alpha=logit_alpha), body)
         super().__init__(transform, StandardNormal(transform.event_shape_out), context=context, standardize=standardize)
 
     def _mixer(self, channels: int, options: dict) -> Bijection:
@@ -296,7 +297,7 @@ class Glow(Flow):
         if temperature == 1.0:
             return self.rsample(sample_shape, context)
         self._check_context(context)
-        shape = torch.Size((sample_shape,) if isinstance(sample_shape, int) else sample_shape)
+        shape = as_sample_shape(sample_shape)
         z = self.base.rsample(shape, context) * temperature
         return self.transform.inverse(z, self._latent_context(shape, context))
 

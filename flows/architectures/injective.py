@@ -19,7 +19,7 @@ from flows.bijections.base import Chain
 from flows.bijections.injective import FreeFormInjective
 from flows.bijections.standardize import Standardize
 from flows.distributions import StandardNormal
-from flows.flow import Flow
+from flows.flow import Flow, _as_size
 
 __all__ = ["FreeFormInjectiveFlow"]
 
@@ -233,7 +233,7 @@ class FreeFormInjectiveFlow(Flow):
     def rsample(self, sample_shape: Sequence[int] | int = (), context: Tensor | None = None) -> Tensor:
         """Differentiable samples on the manifold (decodes latent samples; no Jacobian is formed)."""
         self._check_context(context)
-        shape = torch.Size((sample_shape,) if isinstance(sample_shape, int) else sample_shape)
+        shape = _as_size(sample_shape)
         z = self.base.rsample(shape, context)
         latent_context = self._latent_context(shape, context)
         if len(self.core) > 1:

@@ -103,6 +103,11 @@ class ActNorm(Bijection):
         correction = second[0] / count
         mean = mean + correction
         std = (second[1] / count - correction.square()).clamp_min(0).sqrt()
+        if not bool(torch.isfinite(mean).all() and torch.isfinite(std).all()):
+            raise ValueError(
+                f"{type(self).__name__}: expected finite data for the data-dependent initialisation, got a first "
+                "batch with NaN/Inf values (or values whose spread overflows); the layer stays uninitialised"
+            )
         std = torch.where(std > self.eps, std, torch.ones_like(std))
         self.log_scale.copy_((-std.log()).view_as(self.log_scale))
         self.shift.copy_((-mean / std).view_as(self.shift))

@@ -13,6 +13,7 @@ from __future__ import annotations
 
 from collections.abc import Sequence
 
+import torch
 import torch.distributions.transforms as tdt
 from torch import Tensor
 
@@ -167,17 +168,40 @@ class TorchTransform(Bijection):
         ladj = self.transform.log_abs_det_jacobian(x, z)
         batch = self.batch_shape(x)
         ladj = ladj.expand(*batch, *self.event_shape[: len(self.event_shape) - self.transform.domain.event_dim])
-        return ladj.reshape(*batch, -1).sum(-1) if ladj.dim() > len(batch) else ladj
+        return ladj.flatten(len(batch)).sum(-1) if ladj.dim() > len(batch) else ladj  # flatten: empty batches too
+
+    def _check_domain(self, given: Tensor, out: Tensor, ladj: Tensor, what: str) -> None:
+        """Refuse finite inputs that the wrapped transform maps to NaN (they lie outside its domain).
+
+        A torch transform does not say where it is defined beyond its first part's ``domain``
+        (``atanh`` inside a composition returns NaN for ``|u| >= 1``): a NaN that a finite input
+        produced is an out-of-domain input, not a result.
+        """
+        batch = self.batch_shape(given)
+        nan = torch.isnan(out).flatten(len(batch)).any(-1) | torch.isnan(ladj)
+        if bool(nan.any()):
+            finite = torch.isfinite(given).flatten(len(batch)).all(-1)
+            culprit = nan & finite
+            if bool(culprit.any()):
+                index = tuple(int(i) for i in culprit.nonzero()[0])
+                raise ValueError(
+                    f"{type(self).__name__}({self.transform}): expected {what} inside the wrapped transform's domain, "
+                    f"got finite values at batch index {index} that it maps to NaN"
+                )
 
     def forward_and_log_det(self, x: Tensor, context: Tensor | None = None) -> tuple[Tensor, Tensor]:
         check_event(x, self.event_shape, type(self).__name__)
         z = self.transform(x)
-        return z, self._ladj(x, z)
+        ladj = self._ladj(x, z)
+        self._check_domain(x, z, ladj, "inputs")
+        return z, ladj
 
     def inverse_and_log_det(self, z: Tensor, context: Tensor | None = None) -> tuple[Tensor, Tensor]:
         check_event(z, self.event_shape, type(self).__name__, "latent input")
         x = self.transform.inv(z)
-        return x, -self._ladj(x, z)
+        ladj = -self._ladj(x, z)
+        self._check_domain(z, x, ladj, "latent inputs")
+        return x, ladj
 
     def extra_repr(self) -> str:
         return f"{self.transform}, event_shape={tuple(self.event_shape)}"

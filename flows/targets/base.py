@@ -8,7 +8,7 @@ from collections.abc import Sequence
 import torch
 from torch import Tensor, nn
 
-from flows._validation import as_shape, check_event, check_real
+from flows._validation import as_sample_shape, as_shape, check_event, check_real
 
 __all__ = ["EnergyTarget"]
 
@@ -133,7 +133,7 @@ class EnergyTarget(nn.Module):
 
     def _sample_size(self, sample_shape: Sequence[int] | int) -> torch.Size:
         """``sample_shape`` as a ``torch.Size`` (an ``int`` means ``(n,)``)."""
-        shape = torch.Size((sample_shape,) if isinstance(sample_shape, int) else sample_shape)
+        shape = as_sample_shape(sample_shape)
         if any(s < 0 for s in shape):
             raise ValueError(f"{type(self).__name__}: expected a non-negative sample shape, got {tuple(shape)}")
         return shape

@@ -44,6 +44,7 @@ __all__ = [
     "Checkpoint",
     "CheckpointError",
     "capture_rng_state",
+    "check_finite_state",
     "check_training_state",
     "load_checkpoint",
     "load_model",
@@ -169,6 +170,39 @@ def check_training_state(state: dict[str, Any], path: str | os.PathLike = "<stat
             raise CheckpointError(
                 f"checkpoint {str(path)!r}: expected state[{key!r}] to have {list(entries)}, it lacks {lacking}"
             )
+
+
+def check_finite_state(state: Any, path: str | os.PathLike = "<state>", where: str = "state") -> None:
+    """Refuse weights with NaN or infinite values, naming the file and the first tensors affected.
+
+    Training never saves non-finite weights (the guard rolls such steps back), so a checkpoint
+    that holds them was damaged, edited or written by other code; loading it would make every
+    later number NaN without a word.
+
+    Raises:
+        CheckpointError: naming up to three offending entries.
+    """
+    bad: list[str] = []
+
+    def visit(value: Any, name: str) -> None:
+        if isinstance(value, torch.Tensor):
+            if value.is_floating_point() or value.is_complex():
+                if value.numel() and not bool(torch.isfinite(value).all()):
+                    bad.append(name)
+        elif isinstance(value, dict):
+            for key, item in value.items():
+                visit(item, f"{name}[{key!r}]")
+        elif isinstance(value, (list, tuple)):
+            for i, item in enumerate(value):
+                visit(item, f"{name}[{i}]")
+
+    visit(state, where)
+    if bad:
+        more = f" and {len(bad) - 3} more" if len(bad) > 3 else ""
+        raise CheckpointError(
+            f"checkpoint {str(path)!r}: expected finite weights, got NaN/Inf values in {', '.join(bad[:3])}{more} "
+            "(flows never saves non-finite weights: the file was damaged, edited or written by other code)"
+        )
 
 
 def _read(path: str | os.PathLike, *, payload: bool) -> tuple[dict[str, Any], bytes]:
@@ -313,6 +347,7 @@ def load_model(path: str | os.PathLike, *, map_location: str | torch.device | No
             f"checkpoint {str(path)!r}: expected the model's weights under 'model', it has "
             f"{sorted(map(str, checkpoint.state))}"
         )
+    check_finite_state(checkpoint.state["model"], path, "state['model']")
     try:
         model = build_model(checkpoint.config)
         model.load_state_dict(checkpoint.state["model"])

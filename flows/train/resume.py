@@ -16,6 +16,7 @@ from flows.train._lock import hold_run_lock
 from flows.train.checkpoint import (
     CheckpointError,
     capture_rng_state,
+    check_finite_state,
     check_training_state,
     load_checkpoint,
     restore_rng_state,
@@ -113,7 +114,16 @@ def resume_trainer(trainer: Trainer, path: str | os.PathLike | None = None) -> N
     if checkpoint.header.get("kind") != "training":
         raise CheckpointError(f"{str(path)!r} is a {checkpoint.header.get('kind')!r} checkpoint, not a training one")
     check_training_state(checkpoint.state, path)
-    load_trainer_state(trainer, checkpoint.state)
+    check_finite_state(checkpoint.state["model"], path, "state['model']")
+    check_finite_state(checkpoint.state["optimizer"], path, "state['optimizer']")
+    try:
+        load_trainer_state(trainer, checkpoint.state)
+    except (KeyError, RuntimeError, TypeError, ValueError, IndexError) as error:
+        first = str(error).strip().splitlines()[0] if str(error).strip() else type(error).__name__
+        raise CheckpointError(
+            f"checkpoint {str(path)!r}: expected a training state that fits this trainer's model and optimizer, "
+            f"got one that does not load ({type(error).__name__}: {first})"
+        ) from error
 
 
 @contextlib.contextmanager
