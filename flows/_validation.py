@@ -211,5 +211,5 @@ def as_sample_shape(sample_shape: Sequence[int] | int) -> torch.Size:
     except TypeError:
         raise TypeError(f"sample: expected a sample shape of integers, got {sample_shape!r}") from None
     if any(n < 0 for n in shape):
-        raise ValueError(f"sample: expected a sample shape of non-negative integers, got {sample_shape!r}")
+        raise ValueError(f"sample: expected a non-negative sample shape (integers >= 0), got {sample_shape!r}")
     return torch.Size(shape)

@@ -231,7 +231,9 @@ def _parser() -> argparse.ArgumentParser:
         help="ml: maximum likelihood; fm: flow matching, for continuous flows (--model FFJORD --transforms 1) "
         "(default: ml)",
     )
-    train.add_argument("--sigma", type=float, default=0.0, help="flow matching: noise level of the paths (default: 0)")
+    train.add_argument(
+        "--sigma", type=_real(0), default=0.0, help="flow matching: noise level of the paths (default: 0)"
+    )
     train.add_argument(
         "--coupling",
         choices=("independent", "ot"),

@@ -133,10 +133,10 @@ class EnergyTarget(nn.Module):
 
     def _sample_size(self, sample_shape: Sequence[int] | int) -> torch.Size:
         """``sample_shape`` as a ``torch.Size`` (an ``int`` means ``(n,)``)."""
-        shape = as_sample_shape(sample_shape)
-        if any(s < 0 for s in shape):
-            raise ValueError(f"{type(self).__name__}: expected a non-negative sample shape, got {tuple(shape)}")
-        return shape
+        try:
+            return as_sample_shape(sample_shape)
+        except (TypeError, ValueError) as error:
+            raise type(error)(f"{type(self).__name__}: {error}") from None
 
     def _randn(self, shape: Sequence[int], generator: torch.Generator | None) -> Tensor:
         a = self._anchor
