@@ -9,9 +9,13 @@ import math
 import os
 import sys
 from pathlib import Path
+from typing import TYPE_CHECKING
 
 import numpy as np
 import torch
+
+if TYPE_CHECKING:
+    from flows.train.history import History
 
 __all__ = ["check", "eval", "fit", "models", "sample"]
 
@@ -293,7 +297,9 @@ def _fit(args: argparse.Namespace) -> int:
         compile=args.compile,
     )
     resumes = []
+    untrained = None
     if args.resume:
+        untrained = read_run_file(out).get("untrained_val_loss")
         saved = read_checkpoint_header(checkpoint)
         for what, now, before in (
             ("model", config, saved.get("config")),
@@ -323,9 +329,12 @@ def _fit(args: argparse.Namespace) -> int:
         note = ", ".join(f"--{k.replace('_', '-')} {new} (was {old})" for k, (old, new) in changed.items())
         trainer.history.event(trainer.step, f"resumed at epoch {trainer.epoch}" + (f" with {note}" if note else ""))
         say(f"resumed {str(out)!r} at epoch {trainer.epoch} (step {trainer.step})" + (f" with {note}" if note else ""))
+    else:  # the yardstick of divergence: the untrained model's validation loss (every process evaluates)
+        untrained = trainer.evaluate(data.val, batch_size=args.batch_size).get("loss")
     if main_process:
         out.mkdir(parents=True, exist_ok=True)
         run_file = {"data": spec, "data_fingerprint": fingerprint, "config": config, "fit": _plain(vars(args))}
+        run_file["untrained_val_loss"] = _json_number(untrained)
         if resumes:
             run_file["resumes"] = resumes
         write_run_file(out, run_file)
@@ -350,6 +359,14 @@ def _fit(args: argparse.Namespace) -> int:
         return 130
     if not main_process:
         return 0
+    worse = _worse_than_untrained(trainer.history, untrained)
+    if worse:
+        print(
+            f"flows fit: error: training diverged: {worse}; no model file was written ({str(checkpoint)!r} holds the "
+            f"last training state). Lower --lr (now {args.lr:g}) or clip gradients with --clip",
+            file=sys.stderr,
+        )
+        return 1
     model = trainer.model
     model_path = save_model(model, out / "model.ckpt", config, info={"data": spec, "data_fingerprint": fingerprint})
     model_file = _write_model_file(model, out)
@@ -364,6 +381,7 @@ def _fit(args: argparse.Namespace) -> int:
         "data_fingerprint": fingerprint,
         "config": config,
         "fit": _plain(vars(args)),
+        "untrained_val_loss": _json_number(untrained),
         "result": result,
     }
     if resumes:
@@ -397,6 +415,29 @@ def _fit(args: argparse.Namespace) -> int:
         )
         return 1
     return 0
+
+
+def _worse_than_untrained(history: History, untrained: object) -> str | None:
+    """Why the run counts as diverged (``None`` if it does not): its best validation loss is far above the untrained's.
+
+    The guard catches non-finite steps; a learning rate that is merely too large gives finite losses
+    of 1e6..1e16 nats, and the model with the best of them is still far worse than the model before
+    training. "Far" is a margin of max(1, |L0|/2) nats over the untrained loss L0, so a short run
+    that has not yet improved is not called diverged.
+    """
+    try:
+        baseline = float(untrained)  # type: ignore[arg-type]
+    except (TypeError, ValueError):
+        return None
+    if not math.isfinite(baseline):
+        return None
+    losses = [v for v in history["val_loss"] if math.isfinite(v)]
+    if not losses:
+        return None
+    best = min(losses)
+    if best <= baseline + max(1.0, abs(baseline) / 2):
+        return None
+    return f"expected a validation loss near or below the untrained model's {baseline:.4g} nats, got at best {best:.4g}"
 
 
 def _json_number(value: object) -> object:

@@ -51,7 +51,8 @@ __all__ = ["EXIT_CODES", "main"]
 
 EXIT_CODES = {
     0: "success",
-    1: "training diverged, or 'flows check' found a failing layer",
+    1: "training diverged (non-finite steps, or a best model far worse than the untrained one), "
+    "or 'flows check' found a failing layer",
     2: "bad arguments or inputs (out-of-range option, missing/unreadable/malformed data, damaged checkpoint, "
     "unwritable output, data changed since the run)",
     3: "internal error (a bug: set FLOWS_TRACEBACK=1 and report the traceback)",

@@ -190,10 +190,13 @@ def save_model(model: nn.Module, path: str | os.PathLike) -> Path:
         "aliases": aliases,
     }
     text = json.dumps(config, indent=1, allow_nan=False)
-    from safetensors.torch import save_file
+    from safetensors.torch import save
 
-    save_file(tensors, str(weights), metadata={_METADATA_KEY: text})
-    config_path.write_text(text + "\n", encoding="utf-8")
+    from flows.train._atomic import atomic_write_bytes, atomic_write_text
+
+    # atomic (a kill mid-save leaves the earlier files whole) and with the user's umask
+    atomic_write_bytes(weights, save(tensors, metadata={_METADATA_KEY: text}))
+    atomic_write_text(config_path, text + "\n")
     return weights
 
 

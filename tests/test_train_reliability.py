@@ -127,6 +127,30 @@ def test_cli_divergence_exits_1_with_one_line_and_keeps_the_last_good_checkpoint
     assert "expected a finite --lr > 0, got inf" in capsys.readouterr().err
 
 
+def test_cli_finite_divergence_is_an_error_not_a_result(tmp_path: Path, capsys) -> None:
+    # --lr 0.3 on digits: every loss stays finite (1e6..1e16 nats), so the guard never fires, but the best epoch is
+    # still far worse than the untrained model; that run used to end with exit 0 and a test log-likelihood of -8e6
+    out = tmp_path / "digits"
+    argv = ["fit", "--data", "digits", "--epochs", "4", "--out", str(out), "--no-plots", "--quiet", "--lr", "0.3"]
+    assert main(argv) == 1
+    err = capsys.readouterr().err.strip()
+    assert err.startswith("flows fit: error: training diverged: expected a validation loss near or below the untrained")
+    assert "\n" not in err and not (out / "model.ckpt").exists() and not (out / "model.safetensors").exists()
+    assert math.isfinite(json.loads((out / "run.json").read_text())["untrained_val_loss"])
+
+
+def test_worse_than_untrained_allows_a_short_run_that_has_not_improved_yet() -> None:
+    from flows._cli_commands import _worse_than_untrained
+    from flows.train.history import History
+
+    history = History()
+    for value in (101.0, 100.5):
+        history.append({"epoch": 1.0, "val_loss": value})
+    assert _worse_than_untrained(history, 100.0) is None  # within the margin max(1, |L0|/2)
+    assert _worse_than_untrained(history, 10.0) is not None  # 100.5 > 10 + 5
+    assert _worse_than_untrained(history, None) is None and _worse_than_untrained(History(), 1.0) is None
+
+
 def test_cli_a_non_finite_test_log_likelihood_is_an_error_not_a_result(tmp_path: Path, capsys, monkeypatch) -> None:
     import flows.train.runs as runs
 
@@ -372,7 +396,7 @@ def test_run_files_keep_the_umask(tmp_path: Path) -> None:
         assert main(["fit", "--data", "iris", "--epochs", "1", "--out", str(tmp_path / "r"), *TINY]) == 0
     finally:
         os.umask(previous)
-    for name in ("run.json", "checkpoint.ckpt", "model.ckpt", "metrics.json", "metrics.csv"):
+    for name in ("run.json", "checkpoint.ckpt", "model.ckpt", "metrics.json", "metrics.csv", "model.safetensors"):
         assert stat.S_IMODE((tmp_path / "r" / name).stat().st_mode) == 0o644, name
 
 
