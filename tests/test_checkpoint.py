@@ -33,14 +33,6 @@ from flows.train import checkpoint as checkpoint_module
 SENTINEL_ENV = "FLOWS_TEST_SENTINEL"
 
 
-@pytest.fixture(autouse=True)
-def _one_thread():
-    threads = torch.get_num_threads()
-    torch.set_num_threads(1)
-    yield
-    torch.set_num_threads(threads)
-
-
 def _levels_data(n: int = 120) -> torch.Tensor:
     g = torch.Generator().manual_seed(0)
     return torch.randint(0, 4, (n, 4), generator=g, dtype=torch.uint8)

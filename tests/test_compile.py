@@ -11,14 +11,6 @@ import flows
 from flows.train import Trainer
 
 
-@pytest.fixture(autouse=True)
-def _one_thread():
-    threads = torch.get_num_threads()
-    torch.set_num_threads(1)
-    yield
-    torch.set_num_threads(threads)
-
-
 def _data(n: int = 96) -> torch.Tensor:
     g = torch.Generator().manual_seed(0)
     return torch.randn(n, 4, generator=g) * torch.tensor([2.0, 0.5, 1.0, 3.0])

@@ -17,14 +17,6 @@ from flows.train import FlowMatching, NonFiniteGuard, Trainer, TrainingWarning
 from flows.train.flow_matching import flow_matching_parts, ot_coupling
 
 
-@pytest.fixture(autouse=True)
-def _one_thread():
-    threads = torch.get_num_threads()
-    torch.set_num_threads(1)
-    yield
-    torch.set_num_threads(threads)
-
-
 class PolyAffineField(nn.Module):
     r"""``f(t, y) = a(s) + B(s) y``, ``a`` and ``B`` Chebyshev polynomials of degree ``K-1`` in ``s``.
 

@@ -26,14 +26,6 @@ from flows.train import (
 )
 
 
-@pytest.fixture(autouse=True)
-def _one_thread():
-    threads = torch.get_num_threads()
-    torch.set_num_threads(1)
-    yield
-    torch.set_num_threads(threads)
-
-
 def _data(n: int = 400, seed: int = 0) -> torch.Tensor:
     g = torch.Generator().manual_seed(seed)
     return torch.randn(n, 2, generator=g) * torch.tensor([2.0, 0.5]) + torch.tensor([1.0, -1.0])

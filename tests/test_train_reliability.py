@@ -40,14 +40,6 @@ ROOT = Path(__file__).resolve().parents[1]
 TINY = ["--transforms", "2", "--hidden", "16", "--threads", "1", "--quiet", "--no-plots"]
 
 
-@pytest.fixture(autouse=True)
-def _one_thread():
-    threads = torch.get_num_threads()
-    torch.set_num_threads(1)
-    yield
-    torch.set_num_threads(threads)
-
-
 def _data(n: int = 200, seed: int = 0) -> torch.Tensor:
     g = torch.Generator().manual_seed(seed)
     return torch.randn(n, 2, generator=g) * torch.tensor([2.0, 0.5]) + torch.tensor([1.0, -1.0])
