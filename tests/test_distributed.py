@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import faulthandler
 import time
+import warnings
 from pathlib import Path
 
 import pytest
@@ -60,6 +61,7 @@ def _worker(rank: int, store: str, out: str) -> None:
         assert trainer.world_size == 1 and "DistributedDataParallel" not in repr(trainer._forward)
     finally:
         cleanup_distributed(barrier=finished)
+    Path(f"{out}.left{rank}").write_text("trained, saved and left the process group\n")
 
 
 def test_two_processes_match_one(tmp_path: Path) -> None:
@@ -72,7 +74,19 @@ def test_two_processes_match_one(tmp_path: Path) -> None:
         _worker, args=(str(tmp_path / "store"), str(out)), nprocs=2, start_method="spawn", join=False
     )
     deadline = time.monotonic() + 240
-    while not context.join(timeout=1):
+    while True:
+        try:
+            if context.join(timeout=1):
+                break
+        except mp.ProcessExitedException as error:
+            # gloo can abort a process at interpreter exit ("terminate called without an active exception"), after
+            # it has trained, saved and left the group: seen once in CI on a loaded machine, not reproduced in 14
+            # runs. Say so, and still check the numbers; an abort before a process left the group fails the test.
+            left = [(tmp_path / f"ddp.pt.left{rank}").exists() for rank in (0, 1)]
+            if not (all(left) and out.exists()):
+                raise
+            warnings.warn(f"a training process aborted at exit, after leaving the process group: {error}", stacklevel=1)
+            break
         if time.monotonic() > deadline:
             for process in context.processes:
                 process.kill()
