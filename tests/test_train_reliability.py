@@ -35,6 +35,7 @@ from flows.train import (
 from flows.train._atomic import atomic_write_bytes, atomic_write_text, remove_stale_temporaries
 from flows.train._lock import RunLockedError, hold_run_lock, lock_path
 from flows.train.guard import all_finite, state_tensors
+from tests.test_train import _ScriptedValidation, _Snapshots
 
 ROOT = Path(__file__).resolve().parents[1]
 TINY = ["--transforms", "2", "--hidden", "16", "--threads", "1", "--quiet", "--no-plots"]
@@ -200,30 +201,10 @@ def test_rollbacks_halve_the_snapshot_lr_once_and_resume_restores_the_reduced_lr
 
 
 # -- 3. early stopping keeps the best weights whatever the patience --------------------------------------------------
-class _Scripted(Objective):
-    def __init__(self, curve: list[float]) -> None:
-        self.curve = list(curve)
-
-    def __call__(self, model, batch):
-        return MaximumLikelihood()(model, batch)
-
-    def evaluate(self, model, batches):
-        list(batches)
-        return {"loss": self.curve.pop(0)}
-
-
-class _Snapshots(Callback):
-    def __init__(self) -> None:
-        self.states: dict[int, dict] = {}
-
-    def on_epoch_end(self, trainer, record) -> None:
-        self.states[int(record["epoch"])] = {k: v.clone() for k, v in trainer.model.state_dict().items()}
-
-
 @pytest.mark.parametrize(("patience", "epochs"), [(0, [1, 2, 3]), (2, [1, 2, 3, 4]), (None, [1, 2, 3, 4, 5])])
 def test_early_stopping_counts_patience_exactly_and_always_ends_with_the_best_weights(patience, epochs) -> None:
     snapshots, stopper = _Snapshots(), EarlyStopping(patience=patience)
-    trainer = Trainer(_model(), _Scripted([3.0, 1.0, 2.0, 1.5, 1.2]), lr=1e-2, callbacks=[snapshots, stopper])
+    trainer = Trainer(_model(), _ScriptedValidation([3.0, 1.0, 2.0, 1.5, 1.2]), lr=1e-2, callbacks=[snapshots, stopper])
     history = trainer.fit(_data(100), _data(20, 1), epochs=5, batch_size=50)
     assert history["epoch"] == epochs  # patience p: stop after p epochs without improvement (None: never)
     assert stopper.best_epoch == 2
@@ -234,7 +215,7 @@ def test_early_stopping_counts_patience_exactly_and_always_ends_with_the_best_we
 
 
 def test_early_stopping_says_so_when_no_epoch_had_a_finite_metric() -> None:
-    trainer = Trainer(_model(), _Scripted([math.nan, math.nan]), callbacks=[EarlyStopping(patience=None)])
+    trainer = Trainer(_model(), _ScriptedValidation([math.nan, math.nan]), callbacks=[EarlyStopping(patience=None)])
     with pytest.warns(TrainingWarning, match="expected a finite val_loss in some epoch, got none in 2"):
         history = trainer.fit(_data(100), _data(20, 1), epochs=2, batch_size=50)
     assert "the model keeps its last weights" in history.events[-1]["message"]
