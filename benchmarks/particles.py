@@ -42,6 +42,7 @@ import torch
 from torch import Tensor, nn
 
 from flows import CNF, Flow
+from flows._malloc import keep_freed_memory
 from flows.mcmc import MALA, sample
 from flows.metrics.mcmc import effective_sample_size, split_rhat
 from flows.nn import TimeMLP
@@ -86,6 +87,20 @@ class NaiveField(nn.Module):
         return f.detach(), torch.stack(rows)
 
 
+class JVPField(nn.Module):
+    """The EGNN's dense hand-propagated JVPs of all ``n·d`` basis tangents (no ``divergence`` hook)."""
+
+    def __init__(self, field: EGNN) -> None:
+        super().__init__()
+        self.inner = field
+
+    def forward(self, t: Tensor, z: Tensor) -> Tensor:
+        return self.inner(t, z)
+
+    def jvp(self, t: Tensor, z: Tensor, tangents: Tensor) -> tuple[Tensor, Tensor]:
+        return self.inner.jvp(t, z, tangents)
+
+
 class BatchedReverseField(nn.Module):
     """No ``jvp`` hook: the CNF takes all rows of J in one batched reverse pass (``is_grads_batched``)."""
 
@@ -126,7 +141,10 @@ def _train(flow: Flow, data: Tensor, method: str, budget: float, args, coupling)
     steps, start, losses = 0, time.perf_counter(), []
     cnf = flow.transform
     flow.train()
-    while time.perf_counter() - start < budget and (args.max_steps is None or steps < args.max_steps):
+    while (elapsed := time.perf_counter() - start) < budget and (args.max_steps is None or steps < args.max_steps):
+        if args.schedule == "cosine":  # decay over the wall-clock budget
+            for group in opt.param_groups:
+                group["lr"] = args.lr * 0.5 * (1 + math.cos(math.pi * min(elapsed / budget, 1.0)))
         x = data[torch.randint(len(data), (args.batch,), generator=gen)]
         if method == "ml":
             cnf.rtol = cnf.atol = args.train_tol
@@ -149,7 +167,7 @@ def _train(flow: Flow, data: Tensor, method: str, budget: float, args, coupling)
 
 def _mcmc(target, start: Tensor, args) -> dict:
     kernel = MALA(target, step_size=args.mcmc_step)
-    trace = sample(kernel, start, steps=args.mcmc_steps, warmup=args.mcmc_steps // 2)
+    trace = sample(kernel, start, steps=args.mcmc_steps, warmup=args.mcmc_warmup, thin=args.mcmc_thin)
     energy = -trace.log_prob.double()  # (draws, chains)
     ess = float(effective_sample_size(energy[:, :, None]).squeeze())
     return {
@@ -158,6 +176,22 @@ def _mcmc(target, start: Tensor, args) -> dict:
         "rhat": float(split_rhat(energy[:, :, None]).squeeze()),
         "accept": float(trace.accept_prob.mean()),
     }
+
+
+def mcmc(system: str, args) -> dict:
+    """The MCMC baseline alone: MALA at beta = 1 from test configurations, mean energy and split R-hat."""
+    cls, _ = SYSTEMS[system]
+    target = cls()
+    start = target.reference_samples("test", args.data_dir)[: args.mcmc_chains]
+    clock = time.perf_counter()
+    out = _mcmc(target, start, args)
+    out["seconds"] = time.perf_counter() - clock
+    print(
+        f"\n{system.upper()} MALA, {args.mcmc_chains} chains x {args.mcmc_steps} steps (thin {args.mcmc_thin}, "
+        f"{args.mcmc_warmup} warm-up) from test rows, {out['seconds']:.0f} s: <u> = {out['mean_energy']:.3f} "
+        f"± {out['se']:.3f}, split R-hat {out['rhat']:.4f}, acceptance {out['accept']:.2f}"
+    )
+    return out
 
 
 def table(system: str, args) -> dict:
@@ -175,7 +209,7 @@ def table(system: str, args) -> dict:
         "ML (exact trace)": ("ml", "independent"),
         "FM independent": ("fm", "independent"),
         "FM OT": ("fm", "ot"),
-        "FM equivariant OT": ("fm", EquivariantOTCoupling(n, d)),
+        "FM equivariant OT": ("fm", EquivariantOTCoupling(n, d, candidates=args.candidates)),
         "generic CNF, FM OT": ("fm", "ot"),
     }
     for name in args.methods or methods:
@@ -188,12 +222,13 @@ def table(system: str, args) -> dict:
         row = _train(flow, data, method, args.budget, args, coupling)
         row["params"] = sum(p.numel() for p in flow.parameters())
         start = time.perf_counter()
-        nll = particle_nll(flow, test, batch_size=args.eval_batch)
+        dtype = {"float32": torch.float32, "float64": torch.float64}[args.eval_dtype]
+        nll = particle_nll(flow, test, batch_size=args.eval_batch, dtype=dtype)
         row["nll_s"] = time.perf_counter() - start
         finite = torch.isfinite(nll)
         row["nll"] = nll_conventions(float(nll[finite].mean()), n, d)
         row["nll_se"] = float(nll[finite].std() / math.sqrt(finite.sum()))
-        ev = boltzmann_evaluation(flow, target, args.samples, batch_size=args.eval_batch)
+        ev = boltzmann_evaluation(flow, target, args.samples, batch_size=args.eval_batch, dtype=dtype)
         row.update(ess=ev.ess, log_z=ev.log_z, mean_energy=ev.mean_energy, sample_s=ev.seconds)
         rows[name] = row
         print(
@@ -203,7 +238,10 @@ def table(system: str, args) -> dict:
     start = target.reference_samples("test", args.data_dir)[: args.mcmc_chains]
     mcmc = _mcmc(target, start, args)
     print(f"\n{system.upper()} ({split_note}); EGNN {args.layers}x{args.hidden}, {args.budget:g} s of training each,")
-    print(f"test NLL on {len(test)} test rows (exact trace, float64, dopri5 rtol={args.rtol:g} atol={args.atol:g}),")
+    print(
+        f"test NLL on {len(test)} test rows (exact trace, {args.eval_dtype}, "
+        f"dopri5 rtol={args.rtol:g} atol={args.atol:g}),"
+    )
     print(f"ESS/log Z/<u> from {args.samples} flow samples; threads={torch.get_num_threads()}; machine possibly shared")
     head = f"{'method':<22}{'steps':>7}{'NLL':>9}{'NLL bgflow':>12}{'± se':>7}{'ESS':>7}{'log Z':>16}"
     head += f"{'<u> reweighted':>20}"
@@ -253,10 +291,15 @@ def speed(args) -> dict:
     x = target.reference_samples("test", args.data_dir)[: args.speed_batch]
     torch.manual_seed(args.seed)
     egnn = EGNN(n, d, hidden=32, layers=3)
-    if args.speed_checkpoint:
-        egnn.load_state_dict(torch.load(args.speed_checkpoint))
+    if args.speed_checkpoint:  # an EGNN state dict, or the example's model.pt (a whole EquivariantCNF)
+        state = torch.load(args.speed_checkpoint)
+        prefix = "transform.field."
+        if any(key.startswith(prefix) for key in state):
+            state = {key[len(prefix) :]: value for key, value in state.items() if key.startswith(prefix)}
+        egnn.load_state_dict(state)
     fields = {
-        "hand JVP (ours)": egnn,
+        "divergence (ours)": egnn,
+        "dense hand JVPs": JVPField(egnn),
         "batched reverse": BatchedReverseField(egnn),
         "naive per-coordinate": NaiveField(egnn),
     }
@@ -272,7 +315,7 @@ def speed(args) -> dict:
         out[name] = {"nll_per_s": len(x) / t_nll, "draw_per_s": len(x) / t_draw, "nfe": (nfe_nll, nfe_draw)}
         print(f"{name:<22}{len(x) / t_nll:>15.2f}{nfe_nll:>6}{len(x) / t_draw:>22.2f}{nfe_draw:>6}", flush=True)
     base = out["naive per-coordinate"]
-    ours = out["hand JVP (ours)"]
+    ours = out["divergence (ours)"]
     print(
         f"ours vs naive: {ours['nll_per_s'] / base['nll_per_s']:.1f}x (NLL), "
         f"{ours['draw_per_s'] / base['draw_per_s']:.1f}x "
@@ -285,13 +328,17 @@ def main(argv: list[str] | None = None) -> dict:
     parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     parser.add_argument("--systems", nargs="+", default=["dw4", "lj13"], choices=sorted(SYSTEMS))
     parser.add_argument(
-        "--sections", nargs="+", default=["table", "paths", "speed"], choices=["table", "paths", "speed"]
+        "--sections", nargs="+", default=["table", "paths", "speed"], choices=["table", "paths", "speed", "mcmc"]
     )
     parser.add_argument("--methods", nargs="+", default=None, help="subset of the table's methods")
     parser.add_argument("--budget", type=float, default=120.0, help="training seconds per method")
     parser.add_argument("--max-steps", type=int, default=None, help="also stop after this many steps")
     parser.add_argument("--batch", type=int, default=128)
     parser.add_argument("--lr", type=float, default=5e-4)
+    parser.add_argument("--schedule", choices=["constant", "cosine"], default="cosine")
+    parser.add_argument(
+        "--candidates", type=int, default=None, help="equivariant OT: aligned costs for this many rows per column"
+    )
     parser.add_argument("--hidden", type=int, default=32)
     parser.add_argument("--layers", type=int, default=3)
     parser.add_argument("--train-tol", type=float, default=1e-3, help="solver tolerance of ML training")
@@ -300,8 +347,11 @@ def main(argv: list[str] | None = None) -> dict:
     parser.add_argument("--test", type=int, default=1000, help="test rows for the NLL")
     parser.add_argument("--samples", type=int, default=2000, help="flow samples for ESS, log Z, <u>")
     parser.add_argument("--eval-batch", type=int, default=500)
+    parser.add_argument("--eval-dtype", choices=["float32", "float64"], default="float64")
     parser.add_argument("--mcmc-chains", type=int, default=256)
-    parser.add_argument("--mcmc-steps", type=int, default=2000)
+    parser.add_argument("--mcmc-steps", type=int, default=20000)
+    parser.add_argument("--mcmc-warmup", type=int, default=2000, help="adapting warm-up steps of MALA")
+    parser.add_argument("--mcmc-thin", type=int, default=10)
     parser.add_argument("--mcmc-step", type=float, default=0.01)
     parser.add_argument("--path-samples", type=int, default=1024)
     parser.add_argument("--speed-batch", type=int, default=20)
@@ -311,12 +361,15 @@ def main(argv: list[str] | None = None) -> dict:
     parser.add_argument("--data-dir", default=os.environ.get("FLOWS_DATA_DIR"))
     args = parser.parse_args(argv)
     torch.set_num_threads(args.threads)
+    keep_freed_memory()  # glibc: no page faults on every large tensor (flows._malloc); results unchanged
     results: dict = {}
     for system in args.systems:
         if "table" in args.sections:
             results[system] = table(system, args)
         if "paths" in args.sections:
             results[f"{system}_paths"] = paths(system, args)
+        if "mcmc" in args.sections:
+            results[f"{system}_mcmc"] = mcmc(system, args)
     if "speed" in args.sections:
         results["speed"] = speed(args)
     return results

@@ -16,6 +16,7 @@ from flows.particles import (
     EquivariantOTCoupling,
     MeanFreeNormal,
     align,
+    aligned_distances,
     best_permutation,
     boltzmann_evaluation,
     kabsch,
@@ -25,6 +26,7 @@ from flows.particles import (
     remove_mean,
     subspace_basis,
 )
+from flows.particles.alignment import _max_trace
 from flows.targets import DW4
 
 F64 = torch.float64
@@ -87,6 +89,69 @@ def test_egnn_jvp_matches_autograd_jacobian() -> None:
     jac = torch.func.jacrev(lambda s: field(t[:1], s[None])[0])(z[0])
     ones = torch.eye(d, dtype=F64).repeat(n, 1)  # (n d, d): the translation directions
     assert (jac @ ones).abs().max() < 1e-12 and (ones.T @ jac).abs().max() < 1e-12
+
+
+@pytest.mark.parametrize(("n", "d", "layers"), [(4, 2, 1), (3, 2, 2), (4, 3, 3), (5, 2, 4)])
+def test_egnn_divergence_matches_the_autograd_trace(n: int, d: int, layers: int) -> None:
+    torch.manual_seed(layers)
+    field = EGNN(n, d, hidden=6, layers=layers).double()
+    with torch.no_grad():
+        for p in field.parameters():
+            p.add_(0.3 * torch.randn_like(p))
+    gen = torch.Generator().manual_seed(5)
+    z = torch.randn(7, n * d, generator=gen, dtype=F64)
+    t = torch.rand(7, generator=gen, dtype=F64)
+    field.divergence_chunk = n**3 * d * 6 * 2  # two samples per chunk: the chunked path is exercised
+    f, div = field.divergence(t, z)
+    torch.testing.assert_close(f, field(t, z), atol=1e-14, rtol=0)
+    traces = torch.stack(
+        [torch.func.jacrev(lambda s, i=i: field(t[i : i + 1], s[None])[0])(z[i]).trace() for i in range(len(z))]
+    )
+    torch.testing.assert_close(div, traces, atol=1e-12, rtol=0)
+    assert traces.abs().min() > 1e-4  # a zero trace would pass any implementation
+    # scalar time, and differentiable: the gradient of the trace matches autograd through jacrev
+    _, div0 = field.divergence(torch.tensor(0.4, dtype=F64), z[:2])
+    weight = field.coord[-1][-1].weight
+    (grad,) = torch.autograd.grad(div0.sum(), weight)
+    expect = sum(
+        torch.func.jacrev(lambda s, i=i: field(torch.tensor(0.4, dtype=F64), s[None])[0])(z[i]).trace()
+        for i in range(2)
+    )
+    (grad_ref,) = torch.autograd.grad(expect, weight)
+    torch.testing.assert_close(grad, grad_ref, atol=1e-12, rtol=0)
+    with pytest.raises(ValueError, match=r"expected z of shape \(N, n·d\)"):
+        field.divergence(torch.tensor(0.0), z[None])
+
+
+def test_cnf_uses_the_divergence_hook_for_the_exact_trace() -> None:
+    """The CNF's log-det through EGNN.divergence equals the one through the dense JVPs."""
+
+    class DenseOnly(torch.nn.Module):
+        def __init__(self, inner: EGNN) -> None:
+            super().__init__()
+            self.inner = inner
+
+        def forward(self, t, z):
+            return self.inner(t, z)
+
+        def jvp(self, t, z, tangents):
+            return self.inner.jvp(t, z, tangents)
+
+    n, d = 4, 2
+    field = _perturbed_field(n, d)
+    calls = []
+    original = field.divergence
+    field.divergence = lambda t, z: calls.append(1) or original(t, z)
+    x = torch.randn(3, n * d, dtype=F64)
+    fast = CNF(n * d, field=field, rtol=1e-10, atol=1e-10)
+    dense = CNF(n * d, field=DenseOnly(field), rtol=1e-10, atol=1e-10)
+    with torch.no_grad():
+        z1, ladj1 = fast.forward_and_log_det(x)
+        z2, ladj2 = dense.forward_and_log_det(x)
+    assert calls and fast.nfe == dense.nfe
+    torch.testing.assert_close(z1, z2, atol=1e-12, rtol=0)
+    torch.testing.assert_close(ladj1, ladj2, atol=1e-10, rtol=0)
+    assert ladj1.abs().min() > 1e-3
 
 
 def test_egnn_rejects_bad_shapes() -> None:
@@ -197,6 +262,80 @@ def test_align_undoes_permutation_rotation_and_translation() -> None:
     torch.testing.assert_close(align(x, z, n, d), z, atol=1e-10, rtol=0)
 
 
+def _brute_force_aligned(x: torch.Tensor, z: torch.Tensor, n: int, d: int, reflections: bool) -> float:
+    """min over all permutations (each with Kabsch) of ||R x_sigma - z||^2, centred."""
+    xc, zc = remove_mean(x, n, d).reshape(n, d), remove_mean(z, n, d).reshape(n, d)
+    best = math.inf
+    for perm in itertools.permutations(range(n)):
+        xp = xc[list(perm)]
+        r = kabsch(xp, zc, reflections=reflections)
+        best = min(best, float((xp @ r.T - zc).square().sum()))
+    return best
+
+
+@pytest.mark.parametrize(("n", "d"), [(4, 2), (3, 3), (4, 1)])
+@pytest.mark.parametrize("reflections", [True, False])
+def test_aligned_distances_are_the_group_minimum(n: int, d: int, reflections: bool) -> None:
+    gen = torch.Generator().manual_seed(11)
+    x = torch.randn(6, n * d, generator=gen, dtype=F64) + 5  # not centred: translations are removed
+    z = torch.randn(6, n * d, generator=gen, dtype=F64)
+    got = aligned_distances(x, z, n, d, reflections=reflections)
+    expect = [_brute_force_aligned(x[i], z[i], n, d, reflections) for i in range(6)]
+    torch.testing.assert_close(got, torch.tensor(expect, dtype=F64), atol=1e-10, rtol=0)
+    moved = align(x, z, n, d, reflections=reflections)
+    torch.testing.assert_close((moved - remove_mean(z, n, d)).square().sum(-1), got, atol=1e-10, rtol=0)
+    # the closed form of the orthogonal fit agrees with the singular values
+    h = torch.randn(5, d, d, generator=gen, dtype=F64)
+    s = torch.linalg.svdvals(h)
+    if reflections:
+        expect_trace = s.sum(-1)
+    else:
+        expect_trace = s[:, :-1].sum(-1) + torch.sign(torch.linalg.det(h)) * s[:, -1]
+    torch.testing.assert_close(_max_trace(h, reflections), expect_trace, atol=1e-12, rtol=0)
+
+
+def test_large_systems_align_by_assignment_then_kabsch_and_refinement_helps() -> None:
+    n, d = 9, 3  # beyond exact_up_to: assignment on distances, then Kabsch, then refinement rounds
+    gen = torch.Generator().manual_seed(12)
+    x = torch.randn(16, n * d, generator=gen, dtype=F64)
+    z = torch.randn(16, n * d, generator=gen, dtype=F64)
+    zc = remove_mean(z, n, d)
+    plain = (align(x, z, n, d, refine=0) - zc).square().sum(-1)
+    refined = (align(x, z, n, d, refine=3) - zc).square().sum(-1)
+    assert (refined <= plain + 1e-9).all() and (refined < plain - 1e-6).any()
+    torch.testing.assert_close(aligned_distances(x, z, n, d), plain, atol=1e-9, rtol=0)
+    # the aligned rows are the same configurations (distance multisets unchanged)
+    for a, b in zip(align(x, z, n, d, refine=2), x, strict=True):
+        torch.testing.assert_close(_pair_distances(a, n, d), _pair_distances(b, n, d))
+
+
+def test_coupling_costs_radial_bound_and_candidates() -> None:
+    n, d, batch = 8, 3, 12
+    gen = torch.Generator().manual_seed(13)
+    x = torch.randn(batch, n * d, generator=gen, dtype=F64)
+    z = remove_mean(torch.randn(batch, n * d, generator=gen, dtype=F64), n, d)
+    full = EquivariantOTCoupling(n, d).cost_matrix(x, z)
+    radial = EquivariantOTCoupling(n, d, cost="radial").cost_matrix(x, z)
+    assert (radial <= full + 1e-9).all()  # sorted radii give a lower bound of every alignment
+    some = EquivariantOTCoupling(n, d, candidates=3).cost_matrix(x, z)
+    chosen = radial.topk(3, dim=0, largest=False).indices
+    for j in range(batch):
+        torch.testing.assert_close(some[chosen[:, j], j], full[chosen[:, j], j])
+        others = [i for i in range(batch) if i not in chosen[:, j].tolist()]
+        assert (some[others, j] >= full[chosen[:, j], j].max() - 1e-12).all()
+    torch.testing.assert_close(EquivariantOTCoupling(n, d, candidates=batch).cost_matrix(x, z), radial)
+    for x2, _ in (EquivariantOTCoupling(n, d, candidates=3)(x, z), EquivariantOTCoupling(n, d, cost="radial")(x, z)):
+        rows = [
+            [i for i in range(batch) if torch.allclose(_pair_distances(r, n, d), _pair_distances(x[i], n, d))]
+            for r in x2
+        ]
+        assert sorted(r[0] for r in rows) == list(range(batch))
+    with pytest.raises(ValueError, match="expected cost 'aligned' or 'radial'"):
+        EquivariantOTCoupling(n, d, cost="rmsd")
+    with pytest.raises(ValueError, match="expected candidates to be None or an int >= 1"):
+        EquivariantOTCoupling(n, d, candidates=0)
+
+
 def _pair_distances(x: torch.Tensor, n: int, d: int) -> torch.Tensor:
     pos = x.unflatten(-1, (n, d))
     return torch.cdist(pos, pos).flatten(-2).sort(-1).values
@@ -254,6 +393,11 @@ def test_particle_nll_and_boltzmann_evaluation() -> None:
     x = torch.randn(6, 8) * 2
     nll = particle_nll(flow, x, batch_size=4)
     assert nll.dtype == F64 and nll.shape == (6,) and flow._anchor.dtype == torch.float32
+    # no autograd graph is kept through the solves (a graph over every step exhausts memory on real sizes)
+    assert not nll.requires_grad
+    torch.testing.assert_close(particle_nll(flow, x, batch_size=4, progress=True), nll)
+    with pytest.raises(ValueError, match="expected batch_size >= 1"):
+        particle_nll(flow, x, batch_size=0)
     with torch.no_grad():
         torch.testing.assert_close(nll.float(), -flow.log_prob(x), atol=1e-3, rtol=0)
     result = boltzmann_evaluation(flow, DW4(), 50, batch_size=20)

@@ -38,6 +38,7 @@ class Dynamics(nn.Module):
         self.noise = noise
         self.trace, self.kinetic, self.frobenius, self.sign = trace, kinetic, frobenius, sign
         self.fused = callable(getattr(field, "jvp", None))
+        self.divergence = callable(getattr(field, "divergence", None))
         self.features = math.prod(event_shape)
         self.calls = 0
         self.on_call: Callable[[], None] | None = None
@@ -80,15 +81,21 @@ class Dynamics(nn.Module):
             self.on_call()
         n = state.shape[0]
         z = state[:, : self.features].reshape(n, *self.event_shape)
-        products = None
-        if self.trace or self.frobenius:
+        products = divergence = None
+        if self.trace and self.divergence and self.noise is None and not self.frobenius:
+            f, divergence = (
+                self.field.divergence(t, z) if self.context is None else self.field.divergence(t, z, self.context)
+            )
+        elif self.trace or self.frobenius:
             f, products = self._fused(t, z) if self.fused else self._autograd(t, z)
             products = products.reshape(products.shape[0], n, -1)
         else:
             f = self._field(t, z)
         f = f.reshape(n, -1)
         columns = [f]
-        if self.trace:
+        if divergence is not None:
+            columns.append(divergence.reshape(n, 1))
+        elif self.trace:
             if self.noise is not None:
                 columns.append((products[0] * self.noise.reshape(n, -1)).sum(-1, keepdim=True))
             else:

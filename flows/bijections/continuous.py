@@ -47,7 +47,11 @@ class CNF(Bijection):
     ``context > 0``) with ``t`` a scalar tensor and ``z`` of shape ``(N, *event_shape)``; by
     default a :class:`~flows.nn.TimeMLP`. If the field has a method
     ``jvp(t, z, tangents[, context]) -> (f, J v)`` (tangents ``(K, N or 1, *event)``), it is used
-    to compute the traces in forward mode; otherwise they come from reverse-mode autograd.
+    to compute the traces in forward mode; otherwise they come from reverse-mode autograd. A
+    field with ``divergence(t, z[, context]) -> (f, tr J)`` (``(N, *event)`` and ``(N,)``) gives
+    the exact trace directly, e.g. by exploiting its own sparsity
+    (:meth:`flows.particles.EGNN.divergence`); it is used for the exact trace when no Jacobian
+    Frobenius norm is asked for.
 
     RNODE regularisers (Finlay et al. 2020) are integrated as extra state when their weight is
     positive *and* an :class:`~flows.auxiliary.AuxiliaryLosses` collector is open: the kinetic

@@ -4,7 +4,14 @@ See ``docs/particles.md`` for the dimension bookkeeping on the zero-centre-of-ma
 two NLL conventions of the literature.
 """
 
-from flows.particles.alignment import EquivariantOTCoupling, align, best_permutation, kabsch, path_lengths
+from flows.particles.alignment import (
+    EquivariantOTCoupling,
+    align,
+    aligned_distances,
+    best_permutation,
+    kabsch,
+    path_lengths,
+)
 from flows.particles.builders import EquivariantCNF
 from flows.particles.egnn import EGNN
 from flows.particles.evaluation import BoltzmannEvaluation, boltzmann_evaluation, nll_conventions, particle_nll
@@ -17,6 +24,7 @@ __all__ = [
     "EquivariantOTCoupling",
     "MeanFreeNormal",
     "align",
+    "aligned_distances",
     "best_permutation",
     "boltzmann_evaluation",
     "kabsch",

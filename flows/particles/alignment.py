@@ -11,6 +11,7 @@ short; :func:`path_lengths` reports the mean straight-path length of a coupling.
 
 from __future__ import annotations
 
+import itertools
 from collections.abc import Callable
 
 import numpy as np
@@ -21,7 +22,7 @@ from torch import Tensor
 from flows.pairs import ot_assignment
 from flows.particles.mean_free import _check_sizes, remove_mean
 
-__all__ = ["EquivariantOTCoupling", "align", "best_permutation", "kabsch", "path_lengths"]
+__all__ = ["EquivariantOTCoupling", "align", "aligned_distances", "best_permutation", "kabsch", "path_lengths"]
 
 
 def kabsch(x: Tensor, z: Tensor, *, reflections: bool = True) -> Tensor:
@@ -87,13 +88,159 @@ def best_permutation(x: Tensor, z: Tensor) -> Tensor:
         raise ValueError(
             f"best_permutation: expected x and z of the same shape (n, d), got {tuple(x.shape)} and {tuple(z.shape)}"
         )
-    cost = torch.cdist(z.detach().double(), x.detach().double()).square().cpu().numpy()
-    _, cols = linear_sum_assignment(cost)
-    return torch.from_numpy(cols).to(device=x.device, dtype=torch.long)
+    return _assign(x[None], z[None])[0]
 
 
-def align(x: Tensor, z: Tensor, n_particles: int, spatial_dim: int, *, reflections: bool = True) -> Tensor:
-    r"""Align flat configurations ``x`` to ``z`` pair by pair: centre, permute (assignment), then rotate (Kabsch).
+def _assign(x: Tensor, z: Tensor) -> Tensor:
+    """Per-pair optimal particle assignment: ``(P, n)`` permutations with ``x[p, sigma[p]]`` matched to ``z[p]``."""
+    costs = torch.cdist(z.detach().double(), x.detach().double()).square().cpu().numpy()
+    perms = np.stack([linear_sum_assignment(c)[1] for c in costs]) if len(costs) else np.zeros((0, x.shape[1]))
+    return torch.from_numpy(perms).to(device=x.device, dtype=torch.long)
+
+
+def _max_trace(h: Tensor, reflections: bool) -> Tensor:
+    r""":math:`\max_R \operatorname{tr}(R H)` over :math:`O(d)` (``reflections``) or :math:`SO(d)`.
+
+    Over :math:`O(d)` it is the nuclear norm :math:`\sum_k s_k` of :math:`H`; over :math:`SO(d)` the
+    smallest singular value takes the sign of :math:`\det H` (the Kabsch correction). In two
+    dimensions both have closed forms: :math:`\sqrt{(H_{11} + H_{22})^2 + (H_{12} - H_{21})^2}`
+    over rotations and :math:`\sqrt{(H_{11} - H_{22})^2 + (H_{12} + H_{21})^2}` over reflections.
+    """
+    if h.shape[-1] == 1:
+        return h[..., 0, 0].abs() if reflections else h[..., 0, 0]
+    if h.shape[-1] == 2:
+        a, b, c, e = h[..., 0, 0], h[..., 0, 1], h[..., 1, 0], h[..., 1, 1]
+        proper = torch.hypot(a + e, b - c)
+        return torch.maximum(proper, torch.hypot(a - e, b + c)) if reflections else proper
+    s = torch.linalg.svdvals(h)
+    if reflections:
+        return s.sum(-1)
+    sign = torch.where(torch.linalg.det(h) < 0, -1.0, 1.0).to(s.dtype)
+    return s[..., :-1].sum(-1) + sign * s[..., -1]
+
+
+def _permutations(n: int, device: torch.device) -> Tensor:
+    return torch.tensor(list(itertools.permutations(range(n))), dtype=torch.long, device=device)
+
+
+def _permuted_covariances(x: Tensor, z: Tensor) -> Tensor:
+    r"""Cross-covariances :math:`H_\sigma = x_\sigma^\top z` for all :math:`n!` permutations.
+
+    ``x`` ``(P, n, d)`` and ``z`` ``(P, n, d)`` give ``(P, n!, d, d)``; with ``pairwise=True`` via
+    :func:`_pairwise_covariances`, every row of ``x`` against every row of ``z``.
+    :math:`H_\sigma = \sum_i x_{\sigma(i)} z_i^\top` is a sum of the :math:`n^2` outer products
+    :math:`x_k z_i^\top` selected by :math:`\sigma`: one ``(n!, n^2)`` 0/1 matrix times all outer
+    products, a single matrix product instead of ``n!`` gathers.
+    """
+    p, n, d = x.shape
+    outer = x.permute(1, 0, 2)[:, None, :, :, None] * z.permute(1, 0, 2)[None, :, :, None, :]  # (n, n, P, d, d)
+    return (_selection(n, x) @ outer.reshape(n * n, -1)).reshape(-1, p, d, d).transpose(0, 1)
+
+
+def _pairwise_covariances(x: Tensor, z: Tensor) -> Tensor:
+    """:func:`_permuted_covariances` of all rows of ``x`` ``(A, n, d)`` with all of ``z`` ``(B, n, d)``.
+
+    Returns ``(A, B, n!, d, d)``.
+
+    One matrix product: the ``A·n!·d`` rows of the permuted ``x`` (particles as columns) times
+    ``z`` with particles as rows.
+    """
+    a, n, d = x.shape
+    b = z.shape[0]
+    perms = _permutations(n, x.device)
+    xs = x[:, perms].transpose(-1, -2).reshape(-1, n)  # (A n! d, n): row (I, sigma, a), column i
+    h = xs @ z.permute(1, 0, 2).reshape(n, b * d)  # (A n! d, B d)
+    return h.reshape(a, len(perms), d, b, d).permute(0, 3, 1, 2, 4)
+
+
+def _pairwise_max_trace_2d(x: Tensor, z: Tensor, reflections: bool) -> Tensor:
+    r"""In two dimensions, :math:`\max_{\sigma, R} \operatorname{tr}(R H_\sigma)` for every row pair, ``(A, B)``.
+
+    The closed form of :func:`_max_trace` needs only :math:`H_{11} \pm H_{22}` and
+    :math:`H_{12} \mp H_{21}`, which are dot products of the permuted ``x`` with four signed
+    rearrangements of ``z``: one ``(A·n!, 2n) @ (2n, 4B)`` matrix product for all pairs and permutations.
+    """
+    a, n, _ = x.shape
+    b = z.shape[0]
+    perms = _permutations(n, x.device)
+    xs = x[:, perms].reshape(a * len(perms), 2 * n)  # row (I, sigma): x_{sigma(0),0}, x_{sigma(0),1}, ...
+    z0, z1 = z[..., 0], z[..., 1]
+    # columns (combination, J): H11 + H22, H12 - H21, H11 - H22, H12 + H21
+    combos = [(z0, z1), (z1, -z0), (z0, -z1), (z1, z0)]
+    zs = torch.stack([torch.stack(c, -1).reshape(b, 2 * n) for c in combos])  # (4, B, 2n)
+    h = (xs @ zs.reshape(4 * b, 2 * n).T).reshape(a, len(perms), 4, b)
+    best = torch.hypot(h[:, :, 0], h[:, :, 1])
+    if reflections:
+        best = torch.maximum(best, torch.hypot(h[:, :, 2], h[:, :, 3]))
+    return best.amax(1)
+
+
+def _selection(n: int, like: Tensor) -> Tensor:
+    """The ``(n!, n^2)`` 0/1 matrix with a one at ``sigma(i) * n + i`` in the row of each permutation ``sigma``."""
+    perms = _permutations(n, like.device)
+    select = torch.zeros(len(perms), n * n, dtype=like.dtype, device=like.device)
+    return select.scatter_(1, perms * n + torch.arange(n, device=like.device), 1.0)
+
+
+def aligned_distances(
+    x: Tensor,
+    z: Tensor,
+    n_particles: int,
+    spatial_dim: int,
+    *,
+    reflections: bool = True,
+    exact_up_to: int = 6,
+) -> Tensor:
+    r"""Squared distances :math:`\min_{\sigma, R} \|R\,x_\sigma - z\|^2` after centring, pair by pair, without aligning.
+
+    With :math:`H = x_\sigma^\top z`, the best orthogonal map gives
+    :math:`\|x\|^2 + \|z\|^2 - 2 \max_R \operatorname{tr}(R H)` in closed form (the nuclear norm
+    of :math:`H` over :math:`O(d)`), so for ``n <= exact_up_to`` particles every permutation is
+    tried at once and the minimum over the whole group is exact (DW4: 24 permutations). For
+    more particles :math:`\sigma` comes from the assignment on squared particle distances and
+    :math:`R` from Kabsch, the alignment of Klein, Krämer, Noé (2023): an upper bound of the
+    group minimum.
+
+    Args:
+        x: flat configurations ``(P, n·d)`` (or ``(1, n·d)`` to broadcast).
+        z: reference configurations, the same shape (or broadcastable).
+        n_particles: number of particles ``n``.
+        spatial_dim: spatial dimension ``d``.
+        reflections: minimise over :math:`O(d)` (default) or :math:`SO(d)`.
+        exact_up_to: enumerate all permutations for at most this many particles.
+
+    Returns:
+        ``(P,)`` squared distances.
+    """
+    shape = (n_particles, spatial_dim)
+    x = remove_mean(x, *shape).unflatten(-1, shape)
+    z = remove_mean(z, *shape).unflatten(-1, shape)
+    x, z = torch.broadcast_tensors(x, z)
+    norms = x.square().sum((-2, -1)) + z.square().sum((-2, -1))
+    if n_particles <= exact_up_to:
+        return (norms - 2 * _max_trace(_permuted_covariances(x, z), reflections).amax(-1)).clamp_min(0)
+    x = torch.gather(x, 1, _assign(x, z)[..., None].expand_as(x))
+    return (norms - 2 * _max_trace(x.mT @ z, reflections)).clamp_min(0)
+
+
+def align(
+    x: Tensor,
+    z: Tensor,
+    n_particles: int,
+    spatial_dim: int,
+    *,
+    reflections: bool = True,
+    exact_up_to: int = 6,
+    refine: int = 1,
+) -> Tensor:
+    r"""Align flat configurations ``x`` to ``z`` pair by pair over permutations, orthogonal maps and translations.
+
+    For ``n <= exact_up_to`` particles the permutation is the best of all :math:`n!` (each with
+    its closed-form best orthogonal map, :func:`aligned_distances`), so the result is the exact
+    minimiser over the group. For more particles: the assignment on squared particle distances
+    (:func:`scipy.optimize.linear_sum_assignment`), then Kabsch (Klein, Krämer, Noé 2023), then
+    ``refine`` more rounds of assignment on the rotated points and Kabsch, each of which can only
+    lower the distance.
 
     Args:
         x: configurations to move, ``(N, n·d)``.
@@ -101,6 +248,8 @@ def align(x: Tensor, z: Tensor, n_particles: int, spatial_dim: int, *, reflectio
         n_particles: number of particles ``n``.
         spatial_dim: spatial dimension ``d``.
         reflections: allow reflections in the orthogonal alignment.
+        exact_up_to: enumerate all permutations for at most this many particles.
+        refine: extra assignment + Kabsch rounds for larger systems.
 
     Returns:
         the aligned, centred configurations ``(N, n·d)``: the same points up to a permutation, an
@@ -110,33 +259,43 @@ def align(x: Tensor, z: Tensor, n_particles: int, spatial_dim: int, *, reflectio
     shape = (n_particles, spatial_dim)
     x = remove_mean(x, *shape).unflatten(-1, shape)
     z = remove_mean(z, *shape).unflatten(-1, shape).expand_as(x)
-    if len(x):
-        # all cost matrices in one call, then one small assignment per pair
-        costs = torch.cdist(z.detach().double(), x.detach().double()).square().cpu().numpy()
-        perms = np.stack([linear_sum_assignment(c)[1] for c in costs])
-        perms = torch.from_numpy(perms).to(device=x.device, dtype=torch.long)
-        x = torch.gather(x, 1, perms[..., None].expand_as(x))
-    r = kabsch(x, z, reflections=reflections)
-    return (x @ r.mT).flatten(-2)
+    if not len(x):
+        return x.flatten(-2)
+    if n_particles <= exact_up_to:
+        perms = _permutations(n_particles, x.device)
+        best = perms[_max_trace(_permuted_covariances(x, z), reflections).argmax(-1)]
+        x = torch.gather(x, 1, best[..., None].expand_as(x))
+        return (x @ kabsch(x, z, reflections=reflections).mT).flatten(-2)
+    for round_ in range(1 + max(0, refine)):
+        x = torch.gather(x, 1, _assign(x, z)[..., None].expand_as(x))
+        moved = x @ kabsch(x, z, reflections=reflections).mT
+        if round_ < refine:
+            x = moved
+    return moved.flatten(-2)
 
 
 class EquivariantOTCoupling:
     r"""Equivariant optimal-transport coupling of a data batch with a noise batch (Klein, Krämer, Noé 2023).
 
-    For every pair :math:`(x_i, z_j)` of the two batches, the data configuration is aligned to the
-    noise configuration over the symmetry group, :math:`\tilde x_{ij} = R_{ij}\, (x_i)_{\sigma_{ij}}`
-    (:func:`align`: permutation by assignment on squared particle distances, then Kabsch), and
-    the cost is :math:`C_{ij} = \|\tilde x_{ij} - z_j\|^2`. The optimal assignment :math:`\pi` of the
-    batches under :math:`C` (:func:`scipy.optimize.linear_sum_assignment`) then pairs
-    :math:`z_j` with :math:`\tilde x_{\pi(j) j}`. Aligned data are still samples of an invariant
-    target, so the flow-matching objective is unchanged while paths get shorter. With ``ot=False``
-    the pairs are kept and only aligned (:math:`\tilde x_{jj}`, :math:`N` alignments instead of
-    :math:`N^2`).
+    For every pair :math:`(x_i, z_j)` of the two batches the cost is the distance after aligning
+    the data configuration to the noise configuration over the symmetry group,
+    :math:`C_{ij} = \min_{\sigma, R} \|R\,(x_i)_\sigma - z_j\|^2` (:func:`aligned_distances`: exact
+    over all permutations and orthogonal maps, in closed form, for up to ``exact_up_to``
+    particles; the assignment-then-Kabsch alignment of Klein et al. beyond). The optimal
+    assignment :math:`\pi` of the batches under :math:`C`
+    (:func:`scipy.optimize.linear_sum_assignment`) then pairs :math:`z_j` with
+    :math:`x_{\pi(j)}`, which alone is aligned to :math:`z_j` (:func:`align`, with ``refine``
+    rounds for large systems): :math:`N^2` costs but only :math:`N` alignments. Aligned data are
+    still samples of an invariant target, so the flow-matching objective is unchanged while paths
+    get shorter. With ``ot=False`` the pairs are kept and only aligned.
+
+    ``cost="radial"`` replaces :math:`C` for large systems by the invariant lower bound
+    :math:`\sum_i (r^{x}_{(i)} - r^{z}_{(i)})^2` of sorted distances to the centre (no per-pair
+    assignment at all, for when :math:`N^2` assignments cost more than a training step).
 
     The call signature is the flow-matching coupling interface:
     ``coupling(x, z) -> (x', z')`` with ``x`` the data and ``z`` the base samples, both
-    ``(N, n·d)``. It costs :math:`N^2` small assignments (a Python loop over scipy: about a third of
-    a second for ``N = 128`` and LJ13 on one core).
+    ``(N, n·d)``.
 
     References:
         Klein, Krämer, Noé (2023), "Equivariant flow matching", NeurIPS, arXiv:2306.15030.
@@ -149,6 +308,9 @@ class EquivariantOTCoupling:
         reflections: allow reflections in the orthogonal alignment (the EGNN field and the usual
             pair energies are reflection invariant).
         ot: re-pair the batches by the optimal assignment after aligning.
+        cost: ``"aligned"`` (the group-aligned distance) or ``"radial"`` (its invariant lower bound).
+        exact_up_to: enumerate all permutations for at most this many particles.
+        refine: extra assignment + Kabsch rounds when aligning the chosen pairs of large systems.
 
     Example:
         >>> import torch
@@ -159,9 +321,76 @@ class EquivariantOTCoupling:
         (torch.Size([6, 8]), True)
     """
 
-    def __init__(self, n_particles: int, spatial_dim: int, *, reflections: bool = True, ot: bool = True) -> None:
+    def __init__(
+        self,
+        n_particles: int,
+        spatial_dim: int,
+        *,
+        reflections: bool = True,
+        ot: bool = True,
+        cost: str = "aligned",
+        exact_up_to: int = 6,
+        refine: int = 1,
+        candidates: int | None = None,
+    ) -> None:
         _check_sizes(n_particles, spatial_dim, "EquivariantOTCoupling")
+        if cost not in ("aligned", "radial"):
+            raise ValueError(f"EquivariantOTCoupling: expected cost 'aligned' or 'radial', got {cost!r}")
+        for name, value in (("exact_up_to", exact_up_to), ("refine", refine)):
+            if not isinstance(value, int) or isinstance(value, bool) or value < 0:
+                raise ValueError(f"EquivariantOTCoupling: expected {name} to be an int >= 0, got {value!r}")
         self.n_particles, self.spatial_dim, self.reflections, self.ot = n_particles, spatial_dim, reflections, ot
+        if candidates is not None and (
+            not isinstance(candidates, int) or isinstance(candidates, bool) or candidates < 1
+        ):
+            raise ValueError(
+                f"EquivariantOTCoupling: expected candidates to be None or an int >= 1, got {candidates!r}"
+            )
+        self.cost, self.exact_up_to, self.refine, self.candidates = cost, exact_up_to, refine, candidates
+
+    def _align(self, x: Tensor, z: Tensor) -> Tensor:
+        return align(
+            x,
+            z,
+            self.n_particles,
+            self.spatial_dim,
+            reflections=self.reflections,
+            exact_up_to=self.exact_up_to,
+            refine=self.refine,
+        )
+
+    def cost_matrix(self, x: Tensor, z: Tensor) -> Tensor:
+        """The ``(N, N)`` cost :math:`C_{ij}` between data row ``i`` and noise row ``j``."""
+        n = x.shape[0]
+        shape = (self.n_particles, self.spatial_dim)
+        if self.cost == "radial" or (self.candidates is not None and self.n_particles > self.exact_up_to):
+            rx = remove_mean(x, *shape).unflatten(-1, shape).norm(dim=-1).sort(-1).values
+            rz = remove_mean(z, *shape).unflatten(-1, shape).norm(dim=-1).sort(-1).values
+            bound = torch.cdist(rx.double(), rz.double()).square()
+            if self.cost == "radial" or self.candidates >= n:
+                return bound
+            # the aligned cost only for each noise row's `candidates` data rows of smallest lower bound
+            rows = bound.topk(self.candidates, dim=0, largest=False).indices  # (candidates, N)
+            cols = torch.arange(n, device=x.device).expand_as(rows)
+            exact = aligned_distances(
+                x[rows.reshape(-1)], z[cols.reshape(-1)], *shape, reflections=self.reflections, exact_up_to=0
+            ).double()
+            cost = bound + exact.max()  # outside the candidates: only when the assignment needs them
+            cost[rows.reshape(-1), cols.reshape(-1)] = exact
+            return cost
+        if self.n_particles <= self.exact_up_to:  # all pairs and permutations in closed form, no loop
+            xc = remove_mean(x, *shape).unflatten(-1, shape)
+            zc = remove_mean(z, *shape).unflatten(-1, shape)
+            norms = xc.square().sum((-2, -1))[:, None] + zc.square().sum((-2, -1))[None, :]
+            if self.spatial_dim == 2:
+                best = _pairwise_max_trace_2d(xc, zc, self.reflections)
+            else:
+                best = _max_trace(_pairwise_covariances(xc, zc), self.reflections).amax(-1)
+            return (norms - 2 * best).clamp_min(0)
+        xs, zs = x.repeat_interleave(n, 0), z.repeat(n, 1)  # row i*n + j: x_i against z_j
+        return aligned_distances(xs, zs, *shape, reflections=self.reflections, exact_up_to=self.exact_up_to).reshape(
+            n, n
+        )
 
     def __call__(self, x: Tensor, z: Tensor) -> tuple[Tensor, Tensor]:
         features = self.n_particles * self.spatial_dim
@@ -170,25 +399,18 @@ class EquivariantOTCoupling:
                 f"EquivariantOTCoupling: expected x and z of shape (N, {features}), "
                 f"got {tuple(x.shape)} and {tuple(z.shape)}"
             )
-        shape = (self.n_particles, self.spatial_dim)
         with torch.no_grad():
-            if not self.ot:
-                return align(x, z, *shape, reflections=self.reflections).to(x.dtype), z
-            n = x.shape[0]
-            xs = x.repeat_interleave(n, 0)  # row i*n + j: x_i aligned to z_j
-            zs = z.repeat(n, 1)
-            aligned = align(xs, zs, *shape, reflections=self.reflections)
-            cost = (aligned - remove_mean(zs, *shape)).square().sum(-1).reshape(n, n)
-            rows, cols = linear_sum_assignment(cost.double().cpu().numpy())
-            pi = np.empty_like(rows)
-            pi[cols] = rows  # z_j is paired with x_{pi[j]}
-            index = torch.from_numpy(pi).to(x.device) * n + torch.arange(n, device=x.device)
-            return aligned[index].to(x.dtype), z
+            if self.ot and len(x):
+                rows, cols = linear_sum_assignment(self.cost_matrix(x, z).double().cpu().numpy())
+                pi = np.empty_like(rows)
+                pi[cols] = rows  # z_j is paired with x_{pi[j]}
+                x = x[torch.from_numpy(pi).to(x.device)]
+            return self._align(x, z).to(x.dtype), z
 
     def __repr__(self) -> str:
         return (
             f"EquivariantOTCoupling(n_particles={self.n_particles}, spatial_dim={self.spatial_dim}, "
-            f"reflections={self.reflections}, ot={self.ot})"
+            f"reflections={self.reflections}, ot={self.ot}, cost={self.cost!r})"
         )
 
 

@@ -34,8 +34,22 @@ def nll_conventions(nll: float, n_particles: int, spatial_dim: int) -> dict[str,
     return {"normalised": float(nll), "bgflow": float(nll) - constant}
 
 
+def _chunks(total: int, size: int, progress: bool, what: str) -> list[tuple[int, int]] | object:
+    """``(start, length)`` of each chunk, wrapped in a tqdm bar counting rows when ``progress``."""
+    if size < 1:
+        raise ValueError(f"{what}: expected batch_size >= 1, got {size}")
+    chunks = [(k, min(size, total - k)) for k in range(0, total, size)]
+    if not progress:
+        return chunks
+    from tqdm.auto import tqdm  # imported on first use: keeps `import flows` fast
+
+    return tqdm(chunks, desc=what, unit="chunk", total=len(chunks), leave=False)
+
+
 @torch.no_grad()
-def particle_nll(flow: Flow, x: Tensor, *, batch_size: int = 1000, dtype: torch.dtype = torch.float64) -> Tensor:
+def particle_nll(
+    flow: Flow, x: Tensor, *, batch_size: int = 1000, dtype: torch.dtype = torch.float64, progress: bool = False
+) -> Tensor:
     r"""Per-sample :math:`-\log q(x)` in eval mode (the flow's exact trace), in ``dtype`` (float64 by default).
 
     The flow is converted to ``dtype`` for the evaluation and back afterwards.
@@ -45,6 +59,7 @@ def particle_nll(flow: Flow, x: Tensor, *, batch_size: int = 1000, dtype: torch.
         x: test configurations ``(N, n·d)``.
         batch_size: rows per solve.
         dtype: evaluation dtype.
+        progress: show a progress bar over the solves.
 
     Returns:
         ``(N,)`` negative log-likelihoods (normalised convention).
@@ -53,7 +68,8 @@ def particle_nll(flow: Flow, x: Tensor, *, batch_size: int = 1000, dtype: torch.
     flow.to(dtype)
     try:
         with evaluating(flow):
-            out = [-flow.log_prob(chunk.to(dtype)) for chunk in x.split(batch_size)]
+            chunks = _chunks(len(x), batch_size, progress, "particle_nll")
+            out = [-flow.log_prob(x[k : k + m].to(dtype)) for k, m in chunks] or [x.new_zeros(0, dtype=dtype)]
     finally:
         flow.to(old)
     return torch.cat(out)
@@ -84,7 +100,13 @@ class BoltzmannEvaluation:
 
 @torch.no_grad()
 def boltzmann_evaluation(
-    flow: Flow, target: EnergyTarget, n: int, *, batch_size: int = 1000, dtype: torch.dtype = torch.float64
+    flow: Flow,
+    target: EnergyTarget,
+    n: int,
+    *,
+    batch_size: int = 1000,
+    dtype: torch.dtype = torch.float64,
+    progress: bool = False,
 ) -> BoltzmannEvaluation:
     r"""Draw ``n`` samples with exact :math:`\log q` and reweight them to the target's Boltzmann distribution.
 
@@ -92,7 +114,8 @@ def boltzmann_evaluation(
     ESS, :math:`\log Z` with its standard error, and the self-normalised mean energy
     :math:`\sum w_i u_i / \sum w_i` with standard error
     :math:`\sqrt{\sum \bar w_i^2 (u_i - \hat u)^2}` (:math:`\bar w` normalised weights). Samples
-    with non-finite energy get zero weight. Everything in ``dtype``.
+    with non-finite energy get zero weight. Everything in ``dtype``; ``progress`` shows a bar over
+    the ``batch_size`` chunks.
     """
     old = flow._anchor.dtype
     flow.to(dtype)
@@ -101,8 +124,8 @@ def boltzmann_evaluation(
     start = time.perf_counter()
     try:
         with evaluating(flow):
-            for k in range(0, n, batch_size):
-                x, log_q = flow.sample_and_log_prob((min(batch_size, n - k),))
+            for _, m in _chunks(n, batch_size, progress, "boltzmann_evaluation"):
+                x, log_q = flow.sample_and_log_prob((m,))
                 xs.append(x)
                 log_qs.append(log_q)
     finally:
