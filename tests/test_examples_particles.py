@@ -33,6 +33,7 @@ def test_particles_example_smoke(tmp_path: Path, capsys) -> None:
 def test_particles_benchmark_smoke(capsys) -> None:
     argv = ["--systems", "dw4", "--budget", "1", "--max-steps", "2", "--hidden", "8", "--layers", "1", "--batch", "8"]
     argv += ["--test", "10", "--samples", "20", "--mcmc-chains", "4", "--mcmc-steps", "10", "--path-samples", "16"]
+    argv += ["--mcmc-warmup", "5", "--mcmc-thin", "2"]
     argv += ["--speed-batch", "1", "--eval-batch", "10", "--rtol", "1e-3", "--atol", "1e-3"]
     results = _main("benchmarks", "particles.py")(argv)
     assert set(results["dw4"]["rows"]) == {
@@ -44,6 +45,6 @@ def test_particles_benchmark_smoke(capsys) -> None:
     }
     assert all(r["steps"] == 2 and 0 < r["ess"] <= 1 for r in results["dw4"]["rows"].values())
     assert set(results["dw4_paths"]) == {"independent", "OT", "equivariant OT"}
-    assert set(results["speed"]) == {"hand JVP (ours)", "batched reverse", "naive per-coordinate"}
+    assert set(results["speed"]) == {"divergence (ours)", "dense hand JVPs", "batched reverse", "naive per-coordinate"}
     out = capsys.readouterr().out
     assert "trained on train (100k), tested on test" in out and "ours vs naive" in out

@@ -1,12 +1,16 @@
 r"""Alignment of particle configurations over their symmetry group, and equivariant OT couplings for flow matching.
 
 Two configurations :math:`x, z \in \mathbb R^{n \times d}` (centred) are aligned by the
-permutation :math:`\sigma` and orthogonal matrix :math:`R` that make
-:math:`\|R\,x_\sigma - z\|^2` small: :math:`\sigma` by an assignment on the inter-particle
-squared distances (:func:`scipy.optimize.linear_sum_assignment`), then :math:`R` by Kabsch's
-algorithm. :class:`EquivariantOTCoupling` aligns every data–noise pair of a batch this way before
-the optimal assignment between the batches (Klein, Krämer, Noé 2023), so flow-matching paths are
-short; :func:`path_lengths` reports the mean straight-path length of a coupling.
+permutation :math:`\sigma` and orthogonal matrix :math:`R` that minimise
+:math:`\|R\,x_\sigma - z\|^2`. For a fixed :math:`\sigma` the best :math:`R` is Kabsch's, and
+the minimum is :math:`\|x\|^2 + \|z\|^2 - 2\,\|x_\sigma^\top z\|_*` (nuclear norm over
+:math:`O(d)`), so for a few particles (DW4: 24 permutations) the minimum over the whole group is
+computed exactly, for all pairs of two batches in a couple of matrix products. For more particles
+:math:`\sigma` comes from an assignment on the inter-particle squared distances
+(:func:`scipy.optimize.linear_sum_assignment`) and :math:`R` from Kabsch, as in Klein, Krämer,
+Noé (2023). :class:`EquivariantOTCoupling` aligns data–noise pairs this way around the optimal
+assignment between the batches, so flow-matching paths are short; :func:`path_lengths` reports
+the mean straight-path length of a coupling.
 """
 
 from __future__ import annotations
