@@ -26,9 +26,10 @@ class EquivariantCNF(Flow):
         + \int_{t_0}^{t_1} \operatorname{tr} \frac{\partial v}{\partial z}\,dt
 
     is a density on the subspace, normalised there, and invariant under translations,
-    permutations, rotations and reflections of ``x``. The exact trace is taken in one vectorised
-    forward-mode pass (:meth:`EGNN.jvp`). Train it by maximum likelihood (``log_prob``, the trace
-    differentiated through the solver) or by flow matching with
+    permutations, rotations and reflections of ``x``. The exact trace is taken in one
+    forward-mode pass that skips the tangents which cannot reach it (:meth:`EGNN.divergence`).
+    Train it by maximum likelihood (``log_prob``, the trace differentiated through the solver) or
+    by flow matching with
     :class:`~flows.particles.EquivariantOTCoupling`.
 
     References:
