@@ -404,3 +404,18 @@ def test_particle_nll_and_boltzmann_evaluation() -> None:
     assert result.samples.shape == (50, 8) and result.log_w.shape == (50,)
     assert 0 < result.ess <= 1 and np.isfinite(result.mean_energy[0]) and result.mean_energy[1] >= 0
     assert flow._anchor.dtype == torch.float32
+
+
+def test_boltzmann_evaluation_standard_error_survives_samples_of_huge_energy() -> None:
+    """A sample of enormous energy has zero weight; its (u - <u>)^2 overflowing must not turn the error into NaN."""
+
+    class Clashing(torch.nn.Module):
+        def energy(self, x: torch.Tensor) -> torch.Tensor:
+            u = x.square().sum(-1)
+            return torch.where(torch.arange(len(x)) % 2 == 0, u, torch.full_like(u, 1e30))
+
+    torch.manual_seed(0)
+    flow = EquivariantCNF(4, 2, hidden=8, layers=1, rtol=1e-5, atol=1e-5)
+    result = boltzmann_evaluation(flow, Clashing(), 20, batch_size=20, dtype=torch.float32)
+    assert math.isfinite(result.mean_energy[0]) and math.isfinite(result.mean_energy[1])
+    assert result.mean_energy[0] < 1e3  # the clashing half has no weight

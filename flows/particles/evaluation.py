@@ -140,7 +140,8 @@ def boltzmann_evaluation(
     u = torch.where(finite, energy, torch.zeros_like(energy))
     mean_u = reweighted_mean(u, log_w)
     w = torch.softmax(log_w, 0)
-    se_u = (w.square() * (u - mean_u).square()).sum().sqrt()
+    # samples of zero weight contribute nothing, even when (u - mean)^2 overflows (0 * inf would be NaN)
+    se_u = torch.where(w > 0, w.square() * (u - mean_u).square(), torch.zeros_like(w)).sum().sqrt()
     return BoltzmannEvaluation(
         samples=x,
         log_w=log_w,
