@@ -367,11 +367,12 @@ class EquivariantOTCoupling:
         """The ``(N, N)`` cost :math:`C_{ij}` between data row ``i`` and noise row ``j``."""
         n = x.shape[0]
         shape = (self.n_particles, self.spatial_dim)
-        if self.cost == "radial" or (self.candidates is not None and self.n_particles > self.exact_up_to):
+        pruned = self.candidates is not None and self.candidates < n and self.n_particles > self.exact_up_to
+        if self.cost == "radial" or pruned:
             rx = remove_mean(x, *shape).unflatten(-1, shape).norm(dim=-1).sort(-1).values
             rz = remove_mean(z, *shape).unflatten(-1, shape).norm(dim=-1).sort(-1).values
             bound = torch.cdist(rx.double(), rz.double()).square()
-            if self.cost == "radial" or self.candidates >= n:
+            if self.cost == "radial":
                 return bound
             # the aligned cost only for each noise row's `candidates` data rows of smallest lower bound
             rows = bound.topk(self.candidates, dim=0, largest=False).indices  # (candidates, N)
