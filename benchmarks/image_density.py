@@ -34,7 +34,7 @@ import torch
 from torch import Tensor, nn
 
 import flows
-from flows.auxiliary import AuxiliaryLosses
+from flows.bijections.auxiliary import AuxiliaryLosses
 from flows.data import DIGITS_LEVELS, load_digits, uniform_dequantize
 from flows.metrics import bits_per_dim
 from flows.nn import ConvNet

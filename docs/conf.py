@@ -34,20 +34,30 @@ def public_modules() -> list[str]:
     """Every public module that defines things (packages only re-export, so they are skipped).
 
     Modules or package parts whose name starts with an underscore are private; ``flows.cli`` is
-    documented as a command instead.
+    documented as a command instead (``docs/guide/cli.md``); the old paths of moved modules
+    (``flows._deprecated.MOVED_MODULES``) are aliases of their new modules.
     """
+    import warnings
+
     import flows
+    from flows._deprecated import MOVED_MODULES
 
     names = []
-    for info in pkgutil.walk_packages(flows.__path__, prefix="flows."):
-        if info.ispkg or info.name == "flows.cli" or any(p.startswith("_") for p in info.name.split(".")):
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore", DeprecationWarning)
+        found = list(pkgutil.walk_packages(flows.__path__, prefix="flows."))
+    for info in found:
+        private = any(p.startswith("_") for p in info.name.split("."))
+        command = info.name == "flows.cli" or info.name.startswith("flows.cli.")
+        if info.ispkg or private or command or info.name in MOVED_MODULES:
             continue
         names.append(info.name)
     return sorted(names)
 
 
 def _api_page() -> str:
-    lines = ["# API reference", "", "Generated from the docstrings of every public module.", ""]
+    """``docs/api.md`` as written (the layout), then every public module's docstrings."""
+    lines = [(Path(__file__).parent / "api.md").read_text(), "", "## Modules", ""]
     lines += ["```{eval-rst}", ".. automodule:: flows", "```", ""]
     for name in public_modules():
         importlib.import_module(name)

@@ -24,7 +24,7 @@ import statistics
 import torch
 
 import flows
-from flows.dependent import DependentFlow, MatrixNormal
+from flows.architectures.dependent import DependentFlow, MatrixNormal
 
 
 def relationship(individuals: int, repeats: int, design: str) -> torch.Tensor:

@@ -40,9 +40,9 @@ import torch
 import flows
 from flows.bijections import total_nfe
 from flows.metrics import kish_ess, log_z_estimate, sample_log_weights
-from flows.pairs import ot_pairs, teacher_pairs
 from flows.targets import DoubleWell, EnergyTarget, GaussianMixture
 from flows.train import AnnealTemperature, ForwardKL, PairRegression, ReverseKL, Trainer
+from flows.train.pairs import ot_pairs, teacher_pairs
 
 TARGETS = ("mixture", "double_well")
 

@@ -31,7 +31,7 @@ import torch
 from torch import Tensor
 
 import flows
-from flows.auxiliary import AuxiliaryLosses
+from flows.bijections.auxiliary import AuxiliaryLosses
 from flows.data import DIGITS_LEVELS, MNIST_LEVELS, VariationalDequantizer, load_digits, load_mnist, uniform_dequantize
 from flows.metrics import bits_per_dim
 

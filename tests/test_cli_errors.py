@@ -164,12 +164,12 @@ def test_option_values_are_checked_against_the_builder(tmp_path: Path, capsys) -
 
 
 def test_an_internal_error_is_one_line_with_status_3(tmp_path: Path, capsys, monkeypatch) -> None:
-    from flows import _cli_commands
+    from flows.cli import models as models_command
 
     def broken(args):
         raise KeyError("oops")
 
-    monkeypatch.setattr(_cli_commands, "models", broken)
+    monkeypatch.setattr(models_command, "models", broken)
     monkeypatch.delenv("FLOWS_TRACEBACK", raising=False)
     code, err = _run(["models"], capsys)
     assert code == 3

@@ -8,7 +8,7 @@ import pytest
 import torch
 
 from flows import RealNVP
-from flows.dependent import DependentFlow, MatrixNormal
+from flows.architectures.dependent import DependentFlow, MatrixNormal
 from flows.testing import perturb_parameters
 
 

@@ -8,7 +8,7 @@ import pytest
 import torch
 
 import flows
-from flows.auxiliary import AuxiliaryLosses
+from flows.bijections.auxiliary import AuxiliaryLosses
 from flows.bijections.eiw import GAUSSIAN_LOGCOSH, negentropy
 from flows.testing import autograd_log_det, check_bijection, perturb_parameters
 from tests.registry.cases_image import _mixed_channels

@@ -11,10 +11,10 @@ import torch
 import flows
 from flows import Affine, Chain, Flow, LULinear, RealNVP, StandardNormal
 from flows.metrics import kish_ess, log_z_estimate, reweighted_mean, sample_log_weights
-from flows.pairs import ot_assignment, ot_pairs, teacher_pairs
 from flows.targets import Gaussian
 from flows.testing import perturb_parameters
 from flows.train import PairRegression, Trainer, pair_regression_loss
+from flows.train.pairs import ot_assignment, ot_pairs, teacher_pairs
 
 
 def _gen(seed: int) -> torch.Generator:
@@ -293,4 +293,4 @@ def test_snis_with_an_inexact_distilled_map_converges_to_the_closed_form(n: int)
 
 def test_public_names() -> None:
     assert flows.train.PairRegression is PairRegression
-    assert set(flows.pairs.__all__) == {"ot_assignment", "ot_pairs", "teacher_pairs"}
+    assert set(flows.train.pairs.__all__) == {"ot_assignment", "ot_pairs", "teacher_pairs"}

@@ -10,7 +10,7 @@ import torch
 import flows
 import flows.data
 import flows.metrics
-from flows.auxiliary import AuxiliaryLosses
+from flows.bijections.auxiliary import AuxiliaryLosses
 from flows.testing import perturb_parameters
 
 

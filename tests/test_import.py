@@ -59,7 +59,18 @@ def test_import_flows_imports_no_heavy_module() -> None:
     assert _new_heavy_modules("import flows") == []
 
 
-SUBPACKAGES = ["flows.train", "flows.mcmc", "flows.metrics", "flows.data", "flows.targets", "flows.plot", "flows.pairs"]
+SUBPACKAGES = [
+    "flows.train",
+    "flows.mcmc",
+    "flows.metrics",
+    "flows.data",
+    "flows.targets",
+    "flows.plot",
+    "flows.train.pairs",
+    "flows.nn",
+    "flows.particles",
+    "flows.cli",
+]
 
 
 @pytest.mark.parametrize("package", SUBPACKAGES)

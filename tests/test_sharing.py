@@ -6,7 +6,7 @@ import pytest
 import torch
 
 from flows import NICE, RealNVP
-from flows.sharing import StepConditioner
+from flows.nn.sharing import StepConditioner
 from flows.testing import check_bijection, perturb_parameters
 
 

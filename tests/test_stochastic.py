@@ -185,7 +185,7 @@ def test_shapes_dtypes_and_bad_arguments() -> None:
             assert y.shape == x.shape and ladj.shape == batch and ladj.dtype == torch.float64
             assert block.inverse(x).shape == x.shape
         assert type(block).__name__ in repr(block)
-    with pytest.raises(TypeError, match="expected an EnergyTarget"):
+    with pytest.raises(TypeError, match="expected an energy"):
         MetropolisBlock(lambda x: x)
     with pytest.raises(ValueError, match="steps >= 1"):
         LangevinBlock(u, steps=0)
@@ -197,3 +197,27 @@ def test_shapes_dtypes_and_bad_arguments() -> None:
         InterpolatedEnergy(u, u, 1.5)
     with pytest.raises(ValueError, match="same event shape"):
         InterpolatedEnergy(u, Gaussian(4), 0.5)
+
+
+def test_any_object_with_the_energy_protocol_drives_a_block() -> None:
+    """Blocks need only event_shape, energy and energy_and_grad (flows._energy.Energy), not an EnergyTarget."""
+
+    class Quadratic:  # a plain object: no nn.Module, no EnergyTarget
+        event_shape = torch.Size([2])
+
+        def energy(self, x: torch.Tensor) -> torch.Tensor:
+            return 0.5 * x.square().sum(-1)
+
+        def energy_and_grad(self, x: torch.Tensor, *, create_graph: bool = False):
+            return self.energy(x), x
+
+    torch.manual_seed(0)
+    x = torch.randn(5, 2, dtype=torch.float64)
+    reference = Gaussian(2).double()
+    plain, target = MetropolisBlock(Quadratic(), step_size=0.3), MetropolisBlock(reference, step_size=0.3)
+    torch.manual_seed(1)
+    y_plain, dlogp_plain = plain.forward_and_log_det(x)
+    torch.manual_seed(1)
+    y_target, dlogp_target = target.forward_and_log_det(x)
+    torch.testing.assert_close(y_plain, y_target)
+    torch.testing.assert_close(dlogp_plain, dlogp_target)

@@ -10,7 +10,7 @@ import torch
 from torch import nn
 
 import flows
-from flows.auxiliary import add_auxiliary_loss
+from flows.bijections.auxiliary import add_auxiliary_loss
 from flows.data import TensorLoader
 from flows.train import (
     Callback,

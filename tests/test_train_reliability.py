@@ -133,7 +133,7 @@ def test_cli_finite_divergence_is_an_error_not_a_result(tmp_path: Path, capsys) 
 
 
 def test_worse_than_untrained_allows_a_short_run_that_has_not_improved_yet() -> None:
-    from flows._cli_commands import _worse_than_untrained
+    from flows.cli.fit import _worse_than_untrained
     from flows.train.history import History
 
     history = History()

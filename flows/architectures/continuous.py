@@ -26,7 +26,7 @@ class FFJORD(Flow):
     evaluation (eval mode, see :func:`~flows.evaluating`) uses the exact trace
     (``eval_trace="exact"``, ``D`` products per evaluation: set ``eval_trace=None`` for large
     ``D``). RNODE regularisation (``kinetic``, ``jacobian`` weights, about 0.01 in the paper)
-    goes through :class:`~flows.auxiliary.AuxiliaryLosses`.
+    goes through :class:`~flows.bijections.auxiliary.AuxiliaryLosses`.
 
     References:
         Grathwohl, Chen, Bettencourt, Sutskever, Duvenaud (2019), "FFJORD: Free-form Continuous

@@ -19,7 +19,7 @@ from flows.bijections.standardize import Standardize
 from flows.distributions import StandardNormal
 from flows.flow import Flow
 from flows.nn import MLP
-from flows.sharing import StepConditioner
+from flows.nn.sharing import StepConditioner
 
 __all__ = ["NICE", "RealNVP"]
 
@@ -93,7 +93,7 @@ class RealNVP(Flow):
         hidden: hidden widths of each conditioner MLP.
         clamp: bound on each layer's absolute log-scale.
         activation: nonlinearity of the conditioners.
-        share_conditioner: NanoFlow parameter sharing (:mod:`flows.sharing`): one conditioner
+        share_conditioner: NanoFlow parameter sharing (:mod:`flows.nn.sharing`): one conditioner
             network for all couplings, with a learned per-step embedding and output gate.
         embedding: width of the per-step embedding when sharing.
         standardize: data ``(N, D)`` to fit a :class:`~flows.bijections.Standardize` layer on (or a

@@ -37,7 +37,7 @@ from flows.bijections.transformers import AffineTransformer
 from flows.distributions import StandardNormal
 from flows.flow import Flow
 from flows.nn import ConvNet
-from flows.sharing import StepConditioner
+from flows.nn.sharing import StepConditioner
 
 __all__ = ["Glow"]
 
@@ -72,7 +72,7 @@ class Glow(Flow):
     ``C - C // 2`` channels. With ``split="eiw"`` an
     :class:`~flows.bijections.eiw.EIWShuffle` (our formulation of Chen et al.'s entropy-informed
     weighting and shuffle) comes before the prior, so that the most Gaussian channels are the ones
-    factored out; its regulariser reaches trainers through :mod:`flows.auxiliary`. The last level
+    factored out; its regulariser reaches trainers through :mod:`flows.bijections.auxiliary`. The last level
     ends with a per-channel ActNorm (Glow's learned top prior). The data side starts with a
     :class:`~flows.bijections.elementwise.Logit` (``logit_alpha``) for data in ``[0, 1]``
     (dequantized images); its log-determinant is part of ``log_prob``, so
@@ -101,7 +101,7 @@ class Glow(Flow):
         eiw_hidden: hidden widths of the EIW weight networks.
         eiw_regularization: weight of the EIW regulariser (see :class:`~flows.bijections.eiw.EIWShuffle`).
         eiw_momentum, eiw_margin, eiw_update_steps: see :class:`~flows.bijections.eiw.EntropyPermutation`.
-        share_conditioner: NanoFlow parameter sharing (:mod:`flows.sharing`): one coupling network
+        share_conditioner: NanoFlow parameter sharing (:mod:`flows.nn.sharing`): one coupling network
             per level shared by all its steps, each step with a learned ``(embedding, H, W)``
             flow-indication map (extra input channels) and a per-channel output gate.
         embedding: channels of the per-step embedding map when sharing.

@@ -9,8 +9,8 @@ import torch
 from torch import Tensor, nn
 
 from flows._validation import check_context, check_event, format_shape
-from flows.auxiliary import add_auxiliary_loss, collecting_auxiliary_losses
 from flows.bijections._cnf_dynamics import ADAPTIVE_ORDER, Dynamics, error_norm, initial_step
+from flows.bijections.auxiliary import add_auxiliary_loss, collecting_auxiliary_losses
 from flows.bijections.base import Bijection
 from flows.nn import TimeMLP
 
@@ -54,7 +54,7 @@ class CNF(Bijection):
     Frobenius norm is asked for.
 
     RNODE regularisers (Finlay et al. 2020) are integrated as extra state when their weight is
-    positive *and* an :class:`~flows.auxiliary.AuxiliaryLosses` collector is open: the kinetic
+    positive *and* an :class:`~flows.bijections.auxiliary.AuxiliaryLosses` collector is open: the kinetic
     energy :math:`\int \|f\|^2 dt` and the Jacobian Frobenius norm :math:`\int \|J\|_F^2 dt`
     (exact with the exact trace, :math:`\|J\varepsilon\|^2` with Hutchinson), per sample, averaged
     over the batch and multiplied by their weights, are handed over as ``"rnode_kinetic"`` and

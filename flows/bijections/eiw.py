@@ -16,7 +16,7 @@ not public; **this module implements our own, exactly invertible formulation** o
     inverse recomputes nothing; the most Gaussian channels go last, where the following split
     factors them out;
 (c) a *regulariser*: the negentropy of the channels that will be split off, weighted and handed to the
-    trainer through :func:`flows.auxiliary.add_auxiliary_loss` (name ``"eiw_negentropy"``).
+    trainer through :func:`flows.bijections.auxiliary.add_auxiliary_loss` (name ``"eiw_negentropy"``).
 
 References:
     Chen, Du, Li, Zeng, Paisley (2025), "Entropy-Informed Weighting Channel Normalizing Flow for Deep
@@ -31,7 +31,7 @@ from collections.abc import Sequence
 import torch
 from torch import Tensor, nn
 
-from flows.auxiliary import add_auxiliary_loss, collecting_auxiliary_losses
+from flows.bijections.auxiliary import add_auxiliary_loss, collecting_auxiliary_losses
 from flows.bijections.base import Chain
 from flows.bijections.coupling import Coupling, half_mask
 from flows.bijections.permutation import Permutation
@@ -208,7 +208,7 @@ class EIWShuffle(Chain):
     :math:`\log|\det J| = H W \big(\sum_{c \in B} \log w_c + \sum_{c \in A} \log w_c\big)`; the
     inverse divides by the same weights in the reverse order (exact).
 
-    The regulariser (train mode only, and only while an :class:`~flows.auxiliary.AuxiliaryLosses`
+    The regulariser (train mode only, and only while an :class:`~flows.bijections.auxiliary.AuxiliaryLosses`
     collector is open): ``regularization · Σ_c negentropy(z_c)`` over the last ``split`` output
     channels (those the next split factors out), added as ``"eiw_negentropy"``. It is
     differentiable, so it pushes every earlier layer to make the factored-out channels Gaussian.
@@ -233,7 +233,7 @@ class EIWShuffle(Chain):
 
     Example:
         >>> import torch
-        >>> from flows.auxiliary import AuxiliaryLosses
+        >>> from flows.bijections.auxiliary import AuxiliaryLosses
         >>> t = EIWShuffle(4, hidden=(8,))
         >>> x = torch.randn(16, 4, 3, 3)
         >>> with AuxiliaryLosses() as aux:

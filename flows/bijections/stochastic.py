@@ -42,8 +42,8 @@ import math
 import torch
 from torch import Tensor
 
+from flows._energy import Energy
 from flows.bijections.base import Bijection
-from flows.targets.base import EnergyTarget
 
 __all__ = ["HMCBlock", "LangevinBlock", "MetropolisBlock", "StochasticBlock"]
 
@@ -61,15 +61,19 @@ class StochasticBlock(Bijection):
     :attr:`last_acceptance` for tuning; it plays no part in any computation.
 
     Args:
-        energy: the energy :math:`u` the kernel targets (any :class:`~flows.targets.EnergyTarget`).
+        energy: the energy :math:`u` the kernel targets (any :class:`~flows.targets.EnergyTarget`, or
+            any object with the :class:`~flows.targets.Energy` members).
         steps: number of kernel applications per call.
         step_size: the kernel's step size (positive).
     """
 
-    def __init__(self, energy: EnergyTarget, *, steps: int = 1, step_size: float = 0.1) -> None:
+    def __init__(self, energy: Energy, *, steps: int = 1, step_size: float = 0.1) -> None:
         name = type(self).__name__
-        if not isinstance(energy, EnergyTarget):
-            raise TypeError(f"{name}: expected an EnergyTarget as energy, got {type(energy).__name__}")
+        if not isinstance(energy, Energy):
+            raise TypeError(
+                f"{name}: expected an energy (an EnergyTarget, or any object with event_shape, energy and "
+                f"energy_and_grad), got {type(energy).__name__}"
+            )
         if not isinstance(steps, int) or steps < 1:
             raise ValueError(f"{name}: expected an int steps >= 1, got {steps!r}")
         if not step_size > 0 or not math.isfinite(step_size):
@@ -78,6 +82,11 @@ class StochasticBlock(Bijection):
         self.energy = energy
         self.steps, self.step_size = steps, float(step_size)
         self.last_acceptance = float("nan")
+
+    def _energy_has_trainable_parameters(self) -> bool:
+        """Whether the energy is a module with a parameter that requires a gradient (a plain object has none)."""
+        parameters = getattr(self.energy, "parameters", None)
+        return callable(parameters) and any(p.requires_grad for p in parameters())
 
     @property
     def _event_ndim(self) -> int:
@@ -154,9 +163,7 @@ class MetropolisBlock(StochasticBlock):
                 accepted = accepted + accept.to(x.dtype).mean()
             shift = y - x.detach()
         self.last_acceptance = float(accepted / self.steps)
-        if not (
-            torch.is_grad_enabled() and (x.requires_grad or any(p.requires_grad for p in self.energy.parameters()))
-        ):
+        if not (torch.is_grad_enabled() and (x.requires_grad or self._energy_has_trainable_parameters())):
             return y, u_y - self.energy.energy(x)
         out = x + shift
         return out, self.energy.energy(out) - self.energy.energy(x)
@@ -197,9 +204,7 @@ class LangevinBlock(StochasticBlock):
         (torch.Size([4, 3]), torch.Size([4]))
     """
 
-    def __init__(
-        self, energy: EnergyTarget, *, steps: int = 1, step_size: float = 0.01, metropolize: bool = False
-    ) -> None:
+    def __init__(self, energy: Energy, *, steps: int = 1, step_size: float = 0.01, metropolize: bool = False) -> None:
         super().__init__(energy, steps=steps, step_size=step_size)
         self.metropolize = bool(metropolize)
 
@@ -267,9 +272,7 @@ class HMCBlock(StochasticBlock):
         True
     """
 
-    def __init__(
-        self, energy: EnergyTarget, *, steps: int = 1, step_size: float = 0.1, leapfrog_steps: int = 10
-    ) -> None:
+    def __init__(self, energy: Energy, *, steps: int = 1, step_size: float = 0.1, leapfrog_steps: int = 10) -> None:
         super().__init__(energy, steps=steps, step_size=step_size)
         if not isinstance(leapfrog_steps, int) or leapfrog_steps < 1:
             raise ValueError(f"HMCBlock: expected an int leapfrog_steps >= 1, got {leapfrog_steps!r}")

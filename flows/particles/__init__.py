@@ -4,6 +4,7 @@ See ``docs/particles.md`` for the dimension bookkeeping on the zero-centre-of-ma
 two NLL conventions of the literature.
 """
 
+from flows.nn.egnn import EGNN
 from flows.particles.alignment import (
     EquivariantOTCoupling,
     align,
@@ -13,7 +14,6 @@ from flows.particles.alignment import (
     path_lengths,
 )
 from flows.particles.builders import EquivariantCNF
-from flows.particles.egnn import EGNN
 from flows.particles.evaluation import BoltzmannEvaluation, boltzmann_evaluation, nll_conventions, particle_nll
 from flows.particles.mean_free import MeanFreeNormal, remove_mean, subspace_basis
 

@@ -20,11 +20,10 @@ from collections.abc import Callable
 
 import numpy as np
 import torch
-from scipy.optimize import linear_sum_assignment
 from torch import Tensor
 
-from flows.pairs import ot_assignment
-from flows.particles.mean_free import _check_sizes, remove_mean
+from flows.nn._particles import _check_sizes, remove_mean
+from flows.train.pairs import ot_assignment
 
 __all__ = ["EquivariantOTCoupling", "align", "aligned_distances", "best_permutation", "kabsch", "path_lengths"]
 
@@ -97,6 +96,8 @@ def best_permutation(x: Tensor, z: Tensor) -> Tensor:
 
 def _assign(x: Tensor, z: Tensor) -> Tensor:
     """Per-pair optimal particle assignment: ``(P, n)`` permutations with ``x[p, sigma[p]]`` matched to ``z[p]``."""
+    from scipy.optimize import linear_sum_assignment  # on first use: keeps `import flows.particles` fast
+
     costs = torch.cdist(z.detach().double(), x.detach().double()).square().cpu().numpy()
     perms = np.stack([linear_sum_assignment(c)[1] for c in costs]) if len(costs) else np.zeros((0, x.shape[1]))
     return torch.from_numpy(perms).to(device=x.device, dtype=torch.long)
@@ -406,6 +407,8 @@ class EquivariantOTCoupling:
             )
         with torch.no_grad():
             if self.ot and len(x):
+                from scipy.optimize import linear_sum_assignment
+
                 rows, cols = linear_sum_assignment(self.cost_matrix(x, z).double().cpu().numpy())
                 pi = np.empty_like(rows)
                 pi[cols] = rows  # z_j is paired with x_{pi[j]}
@@ -447,7 +450,7 @@ def path_lengths(
         n_particles: number of particles ``n``.
         spatial_dim: spatial dimension ``d``.
         batch_size: the coupling's batch (minibatch OT).
-        couplings: name → coupling callable; default independent, OT (:func:`flows.pairs.ot_assignment`)
+        couplings: name → coupling callable; default independent, OT (:func:`flows.train.pairs.ot_assignment`)
             and equivariant OT (:class:`EquivariantOTCoupling`).
 
     Returns:

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 from flows.bijections.continuous import CNF
 from flows.flow import Flow
-from flows.particles.egnn import EGNN
+from flows.nn.egnn import EGNN
 from flows.particles.mean_free import MeanFreeNormal
 
 __all__ = ["EquivariantCNF"]

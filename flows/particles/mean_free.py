@@ -17,29 +17,9 @@ from torch import Tensor
 
 from flows._validation import check_event
 from flows.distributions import Distribution
+from flows.nn._particles import _check_sizes, remove_mean
 
 __all__ = ["MeanFreeNormal", "remove_mean", "subspace_basis"]
-
-
-def _check_sizes(n_particles: int, spatial_dim: int, who: str) -> None:
-    for name, value, low in (("n_particles", n_particles, 2), ("spatial_dim", spatial_dim, 1)):
-        if not isinstance(value, int) or isinstance(value, bool) or value < low:
-            raise ValueError(f"{who}: expected {name} to be an int >= {low}, got {value!r}")
-
-
-def remove_mean(x: Tensor, n_particles: int, spatial_dim: int) -> Tensor:
-    r"""Project flat configurations ``(*batch, n·d)`` onto the zero-centre-of-mass subspace.
-
-    :math:`P x = x - \mathbf 1 \otimes \bar x` with :math:`\bar x = \frac1n \sum_i x_i`: the
-    orthogonal projection (it is symmetric and idempotent).
-
-    Example:
-        >>> import torch
-        >>> remove_mean(torch.tensor([1.0, 2.0, 3.0, 6.0]), 2, 2).tolist()
-        [-1.0, -2.0, 1.0, 2.0]
-    """
-    pos = x.unflatten(-1, (n_particles, spatial_dim))
-    return (pos - pos.mean(-2, keepdim=True)).flatten(-2)
 
 
 def subspace_basis(n_particles: int, spatial_dim: int, *, dtype: torch.dtype | None = None) -> Tensor:

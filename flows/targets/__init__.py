@@ -2,8 +2,11 @@
 
 Every target is an :class:`EnergyTarget`: ``energy(x)``, ``log_prob(x)``, ``energy_and_grad(x)``,
 ``log_Z`` (``None`` when unknown) and ``sample(n)`` where an exact sampler exists.
+Samplers and stochastic layers ask only for the :class:`Energy` protocol (``event_shape``,
+``energy``, ``energy_and_grad``).
 """
 
+from flows._energy import Energy
 from flows.targets.base import EnergyTarget
 from flows.targets.interpolated import InterpolatedEnergy, TemperedEnergy
 from flows.targets.lattice import PhiFour
@@ -17,6 +20,7 @@ __all__ = [
     "LJ13",
     "Banana",
     "DoubleWell",
+    "Energy",
     "EnergyTarget",
     "Funnel",
     "Gaussian",

@@ -9,7 +9,7 @@
 * flow matching of continuous flows (:mod:`flows.train.flow_matching`): :class:`FlowMatching`
   (conditional flow matching with noise level σ, independent or minibatch-OT couplings);
 * regression onto latent–data pairs (:mod:`flows.train.regression`): :class:`PairRegression`
-  (FORT / RegFlow; pairs from :mod:`flows.pairs`);
+  (FORT / RegFlow; pairs from :mod:`flows.train.pairs`);
 * callbacks: :class:`EarlyStopping`, :class:`MetricsLogger`, :class:`PrintMetrics`;
 * checkpoints: :func:`save_checkpoint`, :func:`load_checkpoint`, :func:`save_model`,
   :func:`load_model`, model configs (:func:`model_config`, :func:`build_model`,

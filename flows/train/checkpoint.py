@@ -77,9 +77,9 @@ class Checkpoint:
 
 
 def _versions() -> dict[str, str]:
-    import flows
+    from flows import __version__
 
-    return {"flows": flows.__version__, "torch": torch.__version__}
+    return {"flows": __version__, "torch": torch.__version__}
 
 
 def save_checkpoint(

@@ -23,7 +23,7 @@ exact (or Hutchinson) trace.
 The pairs ``(x, z)`` may be drawn independently (``coupling="independent"``) or re-paired on each
 batch by exact minibatch optimal transport (``coupling="ot"``, Tong et al. 2023; Pooladian et al.
 2023): the permutation minimising :math:`\sum_i \|x_i - z_{\pi(i)}\|^2`, found by
-:func:`scipy.optimize.linear_sum_assignment` through :func:`flows.pairs.ot_assignment`. OT pairs
+:func:`scipy.optimize.linear_sum_assignment` through :func:`flows.train.pairs.ot_assignment`. OT pairs
 cross less, so the marginal field is straighter and the ODE needs fewer steps.
 
 References:
@@ -48,8 +48,8 @@ from torch import Tensor, nn
 
 from flows.bijections.base import Bijection, Chain
 from flows.flow import Flow
-from flows.pairs import ot_assignment
 from flows.train.objectives import Objective, ObjectiveOutput, batch_size_of, split_batch
+from flows.train.pairs import ot_assignment
 
 if TYPE_CHECKING:
     from flows.bijections.continuous import CNF
@@ -70,7 +70,7 @@ def ot_coupling(x: Tensor, z: Tensor) -> tuple[Tensor, Tensor]:
     r"""Exact minibatch optimal transport: ``(x, z[π])`` with ``π`` minimising :math:`\sum_i \|x_i - z_{\pi(i)}\|^2`.
 
     The data rows keep their order (so a context stays with its row); the base samples are
-    permuted. Uses :func:`flows.pairs.ot_assignment` (Jonker–Volgenant, float64 costs).
+    permuted. Uses :func:`flows.train.pairs.ot_assignment` (Jonker–Volgenant, float64 costs).
 
     Args:
         x: data, shape ``(N, *event)``.

@@ -1,7 +1,7 @@
 r"""Regression training of flows onto latent–data pairs (FORT / RegFlow): no log-determinant in the loss.
 
 Given pairs :math:`(z_i, x_i)` from a deterministic coupling of the base distribution and the
-target (a trained CNF, or an optimal-transport coupling: :mod:`flows.pairs`), an exactly
+target (a trained CNF, or an optimal-transport coupling: :mod:`flows.train.pairs`), an exactly
 invertible flow :math:`T` (forward: data → latent, so the sampling map is :math:`T^{-1}`) is
 trained by
 
@@ -120,8 +120,8 @@ class PairRegression(Objective):
     r"""Objective: regress a flow onto latent–data pairs, :func:`pair_regression_loss` (FORT / RegFlow).
 
     Batches are ``(z, x)`` or ``(z, x, context)``: train with
-    ``trainer.fit((z, x), val=(z_val, x_val), ...)`` on pairs from :func:`flows.pairs.teacher_pairs`
-    or :func:`flows.pairs.ot_pairs`. The metrics ``sampling_error`` and ``consistency_error`` are
+    ``trainer.fit((z, x), val=(z_val, x_val), ...)`` on pairs from :func:`flows.train.pairs.teacher_pairs`
+    or :func:`flows.train.pairs.ot_pairs`. The metrics ``sampling_error`` and ``consistency_error`` are
     logged (and averaged by :meth:`~flows.train.Objective.evaluate` over validation pairs).
 
     The forward-backward weight ``consistency`` defaults to 1: the two directions weigh equally

@@ -23,7 +23,7 @@ from torch import Tensor, nn
 from torch.optim import Optimizer
 
 from flows._validation import NON_FINITE_MESSAGE
-from flows.auxiliary import AuxiliaryLosses
+from flows.bijections.auxiliary import AuxiliaryLosses
 from flows.data.loader import TensorLoader
 from flows.flow import evaluating
 from flows.train._lock import hold_run_lock

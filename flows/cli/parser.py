@@ -1,36 +1,4 @@
-"""The ``flows`` command: fit a flow to data, evaluate it, sample from it, check its transforms.
-
-::
-
-    flows fit                                  # RealNVP on the embedded digits, into runs/digits
-    flows fit --data moons --epochs 50 --out runs/moons
-    flows fit --data my_table.csv --model RealNVP --transforms 6 --hidden 128,128
-    flows fit --data digits --nproc 2          # two processes (torch.distributed, gloo on CPU)
-    flows fit --out runs/digits --resume       # continue a run that was interrupted
-    flows eval runs/digits                     # test log-likelihood and bits/dim
-    flows sample runs/digits -n 64             # samples.npy and a picture
-    flows check runs/digits                    # log-det and inverse checks of every layer
-    flows models                               # the model builders available
-
-Every error is one line on standard error, ``flows <command>: error: ...``, never a traceback, and
-the exit status says what kind of failure it was (see :data:`EXIT_CODES`, also in ``flows --help``):
-
-* 0: success;
-* 1: the work ran and failed: training diverged (non-finite loss or weights after the guard's
-  retries), or ``flows check`` found a layer that fails its checks;
-* 2: bad arguments or inputs: an option out of range, a missing, unreadable or malformed data
-  file, a damaged checkpoint, an unwritable output path (any OS error), data that changed since
-  the run was trained;
-* 3: an internal error (a bug in flows: please report it; set ``FLOWS_TRACEBACK=1`` to see the
-  traceback);
-* 130: ``flows fit`` was stopped by Ctrl-C or SIGTERM after writing its checkpoint.
-
-Runs record a SHA-256 fingerprint of their data (the values of every split, and the file's bytes
-for file data) in ``run.json`` and in their checkpoints. ``flows eval`` and ``flows check`` refuse
-to score a run on data that no longer matches it (``--allow-changed-data`` scores it anyway, with
-a warning), ``flows fit --resume`` refuses to continue on changed data, and ``flows sample``
-(whose samples do not depend on the data) warns.
-"""
+"""The ``flows`` argument parser: every command, option and range check (parsing only, no work)."""
 
 from __future__ import annotations
 
@@ -38,27 +6,15 @@ import argparse
 import json
 import math
 import os
-import subprocess
-import sys
-from collections.abc import Callable, Sequence
+from collections.abc import Callable
 from pathlib import Path
 
 import torch
 
 from flows import __version__
+from flows.cli.exit_codes import EXIT_CODES
 
-__all__ = ["EXIT_CODES", "main"]
-
-EXIT_CODES = {
-    0: "success",
-    1: "training diverged (non-finite steps, or a best model far worse than the untrained one), "
-    "or 'flows check' found a failing layer",
-    2: "bad arguments or inputs (out-of-range option, missing/unreadable/malformed data, damaged checkpoint, "
-    "unwritable output, data changed since the run)",
-    3: "internal error (a bug: set FLOWS_TRACEBACK=1 and report the traceback)",
-    130: "'flows fit' stopped by Ctrl-C/SIGTERM after writing its checkpoint (continue with --resume)",
-}
-"""Exit status of the ``flows`` command and its meaning."""
+__all__: list[str] = []
 
 _MAX_SEED = 2**63 - 1
 _MAX_LAYERS = 1000
@@ -348,98 +304,3 @@ def _parser() -> argparse.ArgumentParser:
 
     sub.add_parser("models", help="list the model builders that --model accepts")
     return parser
-
-
-def _launch(argv: Sequence[str], nproc: int) -> int:
-    """Re-run this command under torchrun with ``nproc`` processes."""
-    rest, skip = [], False
-    for i, arg in enumerate(argv):
-        if skip:
-            skip = False
-            continue
-        if arg == "--nproc":
-            skip = i + 1 < len(argv)
-            continue
-        if arg.startswith("--nproc="):
-            continue
-        rest.append(arg)
-    env = dict(os.environ)
-    root = str(Path(__file__).resolve().parents[1])
-    env["PYTHONPATH"] = root + (os.pathsep + env["PYTHONPATH"] if env.get("PYTHONPATH") else "")
-    command = [
-        sys.executable,
-        "-m",
-        "torch.distributed.run",
-        "--standalone",
-        f"--nproc-per-node={nproc}",
-        "-m",
-        "flows.cli",
-        *rest,
-    ]
-    return subprocess.run(command, env=env, check=False).returncode
-
-
-def main(argv: Sequence[str] | None = None) -> int:
-    """Entry point of the ``flows`` console script; returns the exit status."""
-    argv = list(sys.argv[1:] if argv is None else argv)
-    parser = _parser()
-    args = parser.parse_args(argv)
-    from flows.train.checkpoint import CheckpointError
-    from flows.train.guard import TrainingDiverged
-
-    try:
-        if args.command == "fit" and args.nproc > 1 and "LOCAL_RANK" not in os.environ:
-            return _launch(argv, args.nproc)
-        from flows import _cli_commands as commands
-
-        return getattr(commands, args.command)(args)
-    except TrainingDiverged as error:
-        return _fail(args.command, error, 1)
-    except (ValueError, TypeError, CheckpointError, ImportError, RuntimeError, MemoryError) as error:
-        return _fail(args.command, error, 2)
-    except OSError as error:  # missing, unreadable or unwritable files and directories, full disks
-        return _fail(args.command, _os_error(error), 2)
-    except KeyboardInterrupt:
-        print(f"flows {args.command}: interrupted", file=sys.stderr)
-        return 130
-    except Exception as error:  # a bug: still one line, with a way to see the traceback
-        if os.environ.get("FLOWS_TRACEBACK"):
-            raise
-        return _fail(
-            args.command,
-            f"internal error ({type(error).__name__}: {_one_line(str(error))}); "
-            "set FLOWS_TRACEBACK=1 to see the traceback and please report it",
-            3,
-        )
-
-
-def _one_line(text: str) -> str:
-    lines = [line.strip() for line in str(text).splitlines() if line.strip()]
-    return " ".join(lines) if len(lines) <= 3 else " ".join(lines[:3]) + " ..."
-
-
-def _os_error(error: OSError) -> str:
-    """``'PATH': reason`` for an OS error (``[Errno 13] Permission denied: 'x'`` becomes ``'x': permission denied``)."""
-    if error.filename is None or not error.strerror:
-        return str(error)
-    where = repr(str(error.filename))
-    if error.filename2 is not None:
-        where += f" -> {str(error.filename2)!r}"
-    reason = error.strerror[0].lower() + error.strerror[1:]
-    return f"{where}: {reason}"
-
-
-def _fail(command: str, error: BaseException | str, code: int) -> int:
-    if os.environ.get("FLOWS_TRACEBACK") and isinstance(error, BaseException):
-        import traceback
-
-        traceback.print_exception(error)
-    message = error if isinstance(error, str) else str(error)
-    if isinstance(error, MemoryError):
-        message = f"out of memory ({message or 'MemoryError'}); try smaller sizes"
-    print(f"flows {command}: error: {_one_line(message)}", file=sys.stderr)
-    return code
-
-
-if __name__ == "__main__":
-    sys.exit(main())

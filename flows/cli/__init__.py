@@ -1,0 +1,44 @@
+"""The ``flows`` command: fit a flow to data, evaluate it, sample from it, check its transforms.
+
+::
+
+    flows fit                                  # RealNVP on the embedded digits, into runs/digits
+    flows fit --data moons --epochs 50 --out runs/moons
+    flows fit --data my_table.csv --model RealNVP --transforms 6 --hidden 128,128
+    flows fit --data digits --nproc 2          # two processes (torch.distributed, gloo on CPU)
+    flows fit --out runs/digits --resume       # continue a run that was interrupted
+    flows eval runs/digits                     # test log-likelihood and bits/dim
+    flows sample runs/digits -n 64             # samples.npy and a picture
+    flows check runs/digits                    # log-det and inverse checks of every layer
+    flows models                               # the model builders available
+
+Every error is one line on standard error, ``flows <command>: error: ...``, never a traceback, and
+the exit status says what kind of failure it was (see :data:`EXIT_CODES`, also in ``flows --help``):
+
+* 0: success;
+* 1: the work ran and failed: training diverged (non-finite loss or weights after the guard's
+  retries), or ``flows check`` found a layer that fails its checks;
+* 2: bad arguments or inputs: an option out of range, a missing, unreadable or malformed data
+  file, a damaged checkpoint, an unwritable output path (any OS error), data that changed since
+  the run was trained;
+* 3: an internal error (a bug in flows: please report it; set ``FLOWS_TRACEBACK=1`` to see the
+  traceback);
+* 130: ``flows fit`` was stopped by Ctrl-C or SIGTERM after writing its checkpoint.
+
+Runs record a SHA-256 fingerprint of their data (the values of every split, and the file's bytes
+for file data) in ``run.json`` and in their checkpoints. ``flows eval`` and ``flows check`` refuse
+to score a run on data that no longer matches it (``--allow-changed-data`` scores it anyway, with
+a warning), ``flows fit --resume`` refuses to continue on changed data, and ``flows sample``
+(whose samples do not depend on the data) warns.
+
+Layout: :mod:`flows.cli.parser` (options), :mod:`flows.cli.app` (:func:`main`, errors and exit
+statuses), one module per command (:mod:`~flows.cli.fit`, :mod:`~flows.cli.evaluate`,
+:mod:`~flows.cli.sample`, :mod:`~flows.cli.check`, :mod:`~flows.cli.models`) imported only when
+that command runs, and :mod:`flows.cli.commands`, the table from command name to function.
+"""
+
+from flows.cli.app import main
+from flows.cli.exit_codes import EXIT_CODES
+from flows.cli.parser import _parser  # noqa: F401  (the tests walk the parser)
+
+__all__ = ["EXIT_CODES", "main"]

@@ -1,0 +1,105 @@
+"""Helpers shared by the ``flows`` commands: run files, data fingerprints, output paths, pictures."""
+
+from __future__ import annotations
+
+import argparse
+import os
+import sys
+from pathlib import Path
+
+import torch
+
+__all__: list[str] = []
+
+
+def _pictures(model: torch.nn.Module, data, directory: Path, name: str = "samples", n: int = 64) -> list[Path]:
+    """Pictures of samples: an image grid, 2-D density contours, or a corner plot, by data kind."""
+    from flows.flow import evaluating
+    from flows.plot import plot_corner, plot_density_2d, plot_image_grid
+
+    written = []
+    with evaluating(model), torch.no_grad():
+        if data.image_shape is not None:
+            samples = model.sample((n,))
+            path = directory / f"{name}.png"
+            plot_image_grid(samples, path, image_shape=data.image_shape, title=f"samples ({data.name})")
+            written.append(path)
+        elif data.features == 2:
+            path = directory / "density.png"
+            plot_density_2d(
+                model,
+                data.test if data.test is not None else data.train,
+                path,
+                title=f"density ({data.name})",
+                labels=data.columns,
+            )
+            written.append(path)
+        else:
+            samples = model.sample((2000,))
+            reference = data.test if data.test is not None else data.train
+            path = directory / "corner.png"
+            plot_corner(samples, reference[:2000], path, title=f"samples vs data ({data.name})", labels=data.columns)
+            written.append(path)
+    return written
+
+
+class DataChanged(ValueError):
+    """The data a command loaded no longer matches the fingerprint its run recorded."""
+
+
+def _run_checkpoint(run: Path) -> Path:
+    """The checkpoint file :func:`flows.train.runs.load_run` reads for ``run`` (a directory or a file)."""
+    if run.is_dir():
+        return next((c for c in (run / "model.ckpt", run / "checkpoint.ckpt") if c.is_file()), run / "model.ckpt")
+    return run
+
+
+def _verify_fingerprint(info: dict, now: dict, where: Path, command: str, *, refuse: bool, how: str = "") -> None:
+    """Compare the data fingerprint recorded in a checkpoint's ``info`` with the data loaded now.
+
+    Runs written before fingerprints were recorded have none and are not checked. A mismatch
+    raises :class:`DataChanged` when ``refuse``, else prints a one-line warning.
+    """
+    recorded = info.get("data_fingerprint") if isinstance(info, dict) else None
+    if not isinstance(recorded, dict) or "sha256" not in recorded or recorded["sha256"] == now["sha256"]:
+        return
+    message = (
+        f"the data changed since the run in {str(where)!r} was trained: expected data with sha256 "
+        f"{recorded['sha256'][:16]}... (recorded by the run), got {now['sha256'][:16]}..."
+    )
+    if recorded.get("file_sha256") and now.get("file_sha256") and recorded["file_sha256"] != now["file_sha256"]:
+        message += f" (the file {now.get('file', '')!r} was modified)"
+    if refuse:
+        raise DataChanged(f"{message}; {how}" if how else message)
+    print(f"flows {command}: warning: {message}", file=sys.stderr)
+
+
+def _check_writable_directory(path: Path, what: str) -> None:
+    """Fail early, before any work, when ``path`` cannot be (or become) a writable directory."""
+    if path.exists() and not path.is_dir():
+        raise NotADirectoryError(f"{what}: expected a directory, got the file {str(path)!r}")
+    existing = path
+    while not existing.exists():
+        existing = existing.parent
+    if not existing.is_dir():
+        raise NotADirectoryError(f"{what}: cannot create {str(path)!r}: {str(existing)!r} is a file, not a directory")
+    if not os.access(existing, os.W_OK | os.X_OK):
+        raise PermissionError(f"{what}: cannot write to {str(path)!r}: {str(existing)!r} is not writable")
+
+
+def _check_output_file(path: Path, what: str) -> None:
+    """Fail early when ``path`` is a directory or lies where no file can be written."""
+    if path.is_dir():
+        raise IsADirectoryError(f"{what}: expected a file path, got the directory {str(path)!r}")
+    _check_writable_directory(path.parent, what)
+
+
+def _check_run_data(args: argparse.Namespace, data, command: str, *, refuse: bool = True) -> None:
+    """Refuse (or with ``--allow-changed-data``, warn) when the run's data changed since it was trained."""
+    from flows.data.dataset import data_fingerprint
+    from flows.train import read_checkpoint_header
+
+    info = read_checkpoint_header(_run_checkpoint(args.run)).get("info") or {}
+    refuse = refuse and not getattr(args, "allow_changed_data", False)
+    how = f"pass --allow-changed-data to {command} on it anyway"
+    _verify_fingerprint(info, data_fingerprint(data), args.run, command, refuse=refuse, how=how)

@@ -1,0 +1,381 @@
+"""``flows fit``: train a flow on a data set (resumable, optionally on several processes)."""
+
+from __future__ import annotations
+
+import argparse
+import contextlib
+import json
+import math
+import os
+import sys
+from pathlib import Path
+from typing import TYPE_CHECKING
+
+import torch
+
+from flows.cli._common import _check_writable_directory, _pictures, _verify_fingerprint
+
+if TYPE_CHECKING:
+    from flows.train.history import History
+
+__all__ = ["fit"]
+
+
+def _check_options(builder_name: str, options: list[tuple[str, object]]) -> None:
+    """``--option KEY=VALUE``: the builder has the option, and the value has the option's type.
+
+    Types are read from the builder's annotations (``float``, ``int``, ``bool``, ``str``,
+    ``None``); options of other types (activations, sequences) are left to the builder.
+    """
+    import inspect
+
+    from flows.train.config import _architectures
+
+    builder = _architectures().get(builder_name)
+    if builder is None:
+        return
+    parameters = inspect.signature(builder).parameters
+    takes_any = any(p.kind is inspect.Parameter.VAR_KEYWORD for p in parameters.values())
+    names = [n for n, p in parameters.items() if p.kind is inspect.Parameter.KEYWORD_ONLY]
+    if not takes_any and not {"transforms", "hidden"} <= set(names):
+        raise ValueError(
+            f"--model {builder_name}: expected a builder with transforms= and hidden= options (a flow on vectors), "
+            f"got one with {names}; build {builder_name} from Python"
+        )
+    for key, value in options:
+        if key in ("transforms", "hidden"):
+            raise ValueError(f"--option {key}=...: expected --{key} to set the {key}, got it as an --option")
+        if key not in parameters or parameters[key].kind is not inspect.Parameter.KEYWORD_ONLY:
+            if takes_any:
+                continue
+            raise ValueError(f"--option {key}=...: expected one of {builder_name}'s options {names}, got {key!r}")
+        if isinstance(value, float) and not math.isfinite(value):
+            raise ValueError(f"--option {key}={value}: expected a finite number, got {value}")
+        annotation = parameters[key].annotation
+        text = annotation if isinstance(annotation, str) else getattr(annotation, "__name__", str(annotation))
+        kinds = {part.strip() for part in text.split("|")}
+        accepted = {
+            "float": lambda v: isinstance(v, (int, float)) and not isinstance(v, bool),
+            "int": lambda v: isinstance(v, int) and not isinstance(v, bool),
+            "bool": lambda v: isinstance(v, bool),
+            "str": lambda v: isinstance(v, str),
+            "None": lambda v: v is None,
+        }
+        if not kinds <= set(accepted):
+            if any(word in text for word in ("Callable", "type[", "Module", "Generator", "Flow")):
+                raise ValueError(
+                    f"--option {key}: expected a plain value (number, string, bool, null), but {builder_name} takes "
+                    f"a Python object there ({text}); set {key} from Python"
+                )
+            continue
+        if not any(accepted[k](value) for k in kinds):
+            wanted = " or ".join(sorted("null" if k == "None" else k for k in kinds))
+            default = parameters[key].default
+            example = f" such as {key}={json.dumps(default)}" if default is not inspect.Parameter.empty else ""
+            raise ValueError(f"--option {key}: expected {wanted}{example}, got {value!r}")
+
+
+# `flows fit --resume` policy: flags that change the run are refused when they differ from the run's; stopping rules
+# are applied and recorded (history event and run.json "resumes"); the other flags only change how it executes.
+
+
+RUN_FLAGS = ("lr", "batch_size", "schedule", "clip", "patience")
+STOP_FLAGS = ("epochs", "time_budget")
+
+
+def fit(args: argparse.Namespace) -> int:
+    """``flows fit``, holding the run directory's lock (one writer per run) around all of it on the main process."""
+    from flows.train._atomic import remove_stale_temporaries
+    from flows.train._lock import hold_run_lock, lock_path
+
+    out = args.out or Path("runs") / Path(str(args.data)).stem
+    distributed = "LOCAL_RANK" in os.environ and int(os.environ.get("WORLD_SIZE", "1")) > 1
+    if distributed and int(os.environ["RANK"]) != 0:
+        return _fit(args)
+    _check_writable_directory(out, "--out")  # before the lock file creates the directory
+    created = not out.exists()
+    try:
+        with hold_run_lock(out / "checkpoint.ckpt"):
+            remove_stale_temporaries(out)  # left by a killed run's atomic writes; no other writer can be here
+            return _fit(args)
+    except BaseException:
+        lock = lock_path(out / "checkpoint.ckpt")
+        if created and out.is_dir() and list(out.iterdir()) == [lock]:  # a command that failed early leaves no run
+            with contextlib.suppress(OSError):
+                lock.unlink()
+                out.rmdir()
+        raise
+
+
+def _fit(args: argparse.Namespace) -> int:
+    from flows.data.dataset import data_fingerprint, load_dataset
+    from flows.train import (
+        EarlyStopping,
+        MaximumLikelihood,
+        MetricsLogger,
+        PrintMetrics,
+        Trainer,
+        read_checkpoint_header,
+        save_model,
+    )
+    from flows.train.config import _architectures
+    from flows.train.distributed import cleanup_distributed, init_distributed, is_distributed
+    from flows.train.runs import evaluate_log_likelihood, model_for_data, read_run_file, write_run_file
+
+    if args.threads < 1 or args.nproc < 1:
+        raise ValueError(f"expected --threads >= 1 and --nproc >= 1, got {args.threads} and {args.nproc}")
+    if not (math.isfinite(args.lr) and args.lr > 0):
+        raise ValueError(f"expected a finite --lr > 0, got {args.lr}")
+    torch.set_num_threads(args.threads)
+    distributed = "LOCAL_RANK" in os.environ and int(os.environ.get("WORLD_SIZE", "1")) > 1
+    device = init_distributed(seed=args.seed) if distributed else torch.device("cpu")
+    main_process = not distributed or int(os.environ["RANK"]) == 0
+    say = print if main_process and not args.quiet else (lambda *a, **k: None)
+    out = args.out or Path("runs") / Path(str(args.data)).stem
+    _check_writable_directory(out, "--out")
+    checkpoint = out / "checkpoint.ckpt"
+    if checkpoint.exists() and not (args.resume or args.overwrite):
+        raise ValueError(
+            f"{str(out)!r} already holds a run; pass --resume to continue it or --overwrite to start afresh"
+        )
+    if args.resume and not checkpoint.exists():
+        if not (out / "run.json").is_file():
+            raise FileNotFoundError(f"--resume: expected a run with a checkpoint in {str(out)!r}, got none")
+        # a run stopped before its first checkpoint (written after the first epoch or 5 s) has no state to
+        # continue: it starts again from the beginning, and says so
+        print(
+            f"flows fit: warning: --resume: the run in {str(out)!r} stopped before its first checkpoint; "
+            "starting it again from the beginning",
+            file=sys.stderr,
+        )
+        args.resume = False
+    spec = {
+        "name": str(args.data),
+        "data_dir": args.data_dir,
+        "key": args.key,
+        "levels": args.levels,
+        "val_fraction": args.val_fraction,
+        "test_fraction": args.test_fraction,
+        "seed": args.seed,
+    }
+    builder = _architectures().get(args.model)
+    if builder is not None and not getattr(builder, "likelihood_trainable", True):
+        raise ValueError(
+            f"flows fit trains by maximum likelihood, which is not how {args.model} is trained; "
+            "use its objective from Python (for FreeFormInjectiveFlow: "
+            "flows.train.Trainer(model, flows.train.FreeFormInjectiveObjective()))"
+        )
+    _check_options(args.model, args.option)
+    data = load_dataset(**spec)
+    fingerprint = data_fingerprint(data)
+    say(f"data {data.describe()}")
+    torch.manual_seed(args.seed)
+    options = {"transforms": args.transforms, "hidden": args.hidden, **dict(args.option)}
+    model, config = model_for_data(data, args.model, standardize=not args.no_standardize, **options)
+    model = model.to(device)
+    n_params = sum(p.numel() for p in model.parameters())
+    say(f"model {args.model} ({n_params:,} parameters), {config['preprocessing'] or 'no'} preprocessing")
+    objective = MaximumLikelihood(levels=data.levels)
+    if args.objective == "fm":
+        from flows.train.flow_matching import FlowMatching, flow_matching_parts
+
+        try:
+            flow_matching_parts(model)
+        except TypeError as error:
+            raise ValueError(
+                f"--objective fm trains a continuous flow (one CNF: --model FFJORD --transforms 1), "
+                f"got --model {args.model} --transforms {args.transforms}; {error}"
+            ) from None
+        if data.levels is not None:
+            raise ValueError(f"--objective fm: expected continuous data, got integer data with {data.levels} levels")
+        objective = FlowMatching(sigma=args.sigma, coupling=args.coupling)
+    scheduler = None
+    if args.schedule == "cosine":
+        steps = max(1, args.epochs)
+        scheduler = lambda opt: torch.optim.lr_scheduler.CosineAnnealingLR(opt, T_max=steps)  # noqa: E731
+    elif args.schedule == "plateau":
+        scheduler = lambda opt: torch.optim.lr_scheduler.ReduceLROnPlateau(opt, factor=0.5, patience=3)  # noqa: E731
+    callbacks = (
+        [MetricsLogger(out), PrintMetrics(every=max(1, args.epochs // 10))] if not args.quiet else [MetricsLogger(out)]
+    )
+    # --patience 0 never stops early, but the model saved is still the best epoch's
+    callbacks.insert(0, EarlyStopping(patience=args.patience or None))
+    trainer = Trainer(
+        model,
+        objective,
+        lr=args.lr,
+        scheduler=scheduler,
+        clip_grad_norm=args.clip or None,
+        callbacks=callbacks,
+        checkpoint=checkpoint,
+        checkpoint_every=args.checkpoint_every,
+        config=config,
+        info={
+            "data": spec,
+            "data_fingerprint": fingerprint,
+            "fit": {k: _json_number(getattr(args, k)) for k in RUN_FLAGS + STOP_FLAGS},
+        },
+        compile=args.compile,
+    )
+    resumes = []
+    untrained = None
+    if args.resume:
+        untrained = read_run_file(out).get("untrained_val_loss")
+        saved = read_checkpoint_header(checkpoint)
+        for what, now, before in (
+            ("model", config, saved.get("config")),
+            ("data", spec, (saved.get("info") or {}).get("data")),
+        ):
+            if json.dumps(now, sort_keys=True) != json.dumps(before, sort_keys=True):
+                raise ValueError(
+                    f"--resume: the {what} settings differ from the run in {str(out)!r}: it has {before}, "
+                    f"this command asks for {now}; repeat the original command (see run.json) with --resume"
+                )
+        _verify_fingerprint(saved.get("info", {}), fingerprint, checkpoint, "fit --resume", refuse=True)
+        before = saved["info"].get("fit") or read_run_file(out).get("fit", {})
+        changed = {k: (before[k], _json_number(getattr(args, k))) for k in RUN_FLAGS + STOP_FLAGS if k in before}
+        changed = {k: v for k, v in changed.items() if v[0] != v[1]}
+        refused = [
+            f"--{k.replace('_', '-')} {new} (the run has {old})" for k, (old, new) in changed.items() if k in RUN_FLAGS
+        ]
+        if refused:
+            raise ValueError(
+                f"--resume: expected the settings of the run in {str(out)!r}, got {', '.join(refused)}; repeat the "
+                "original command (see run.json) with --resume (only --epochs and --time-budget may change), "
+                "or start afresh with --overwrite"
+            )
+        trainer.resume()
+        record = {"step": trainer.step, "epoch": trainer.epoch, "changed": {k: list(v) for k, v in changed.items()}}
+        resumes = [*read_run_file(out).get("resumes", []), record]
+        note = ", ".join(f"--{k.replace('_', '-')} {new} (was {old})" for k, (old, new) in changed.items())
+        trainer.history.event(trainer.step, f"resumed at epoch {trainer.epoch}" + (f" with {note}" if note else ""))
+        say(f"resumed {str(out)!r} at epoch {trainer.epoch} (step {trainer.step})" + (f" with {note}" if note else ""))
+    else:  # the yardstick of divergence: the untrained model's validation loss (every process evaluates)
+        untrained = trainer.evaluate(data.val, batch_size=args.batch_size).get("loss")
+    if main_process:
+        out.mkdir(parents=True, exist_ok=True)
+        run_file = {"data": spec, "data_fingerprint": fingerprint, "config": config, "fit": _plain(vars(args))}
+        run_file["untrained_val_loss"] = _json_number(untrained)
+        if resumes:
+            run_file["resumes"] = resumes
+        write_run_file(out, run_file)
+    trainer.fit(
+        data.train,
+        data.val,
+        epochs=args.epochs,
+        batch_size=args.batch_size,
+        time_budget=args.time_budget,
+        seed=args.seed,
+    )
+    if is_distributed():
+        trainer.release_distributed()  # the DDP wrapper must go before the process group does
+        cleanup_distributed()
+    if trainer.interrupted is not None:
+        if main_process:
+            print(
+                f"flows fit: stopped by signal {trainer.interrupted}; {str(checkpoint)!r} holds the state at step "
+                f"{trainer.step}: continue with the same command and --resume",
+                file=sys.stderr,
+            )
+        return 130
+    if not main_process:
+        return 0
+    worse = _worse_than_untrained(trainer.history, untrained)
+    if worse:
+        print(
+            f"flows fit: error: training diverged: {worse}; no model file was written ({str(checkpoint)!r} holds the "
+            f"last training state). Lower --lr (now {args.lr:g}) or clip gradients with --clip",
+            file=sys.stderr,
+        )
+        return 1
+    model = trainer.model
+    model_path = save_model(model, out / "model.ckpt", config, info={"data": spec, "data_fingerprint": fingerprint})
+    model_file = _write_model_file(model, out)
+    epochs = trainer.history.last().get("epoch", trainer.epoch)
+    result = {"epochs": epochs, "steps": trainer.step, "train_seconds": round(trainer.elapsed, 2)}
+    if data.test is not None:
+        result["test"] = evaluate_log_likelihood(
+            model.cpu(), data.test, levels=data.levels, draws=10 if data.levels else 1
+        )
+    run_file = {
+        "data": spec,
+        "data_fingerprint": fingerprint,
+        "config": config,
+        "fit": _plain(vars(args)),
+        "untrained_val_loss": _json_number(untrained),
+        "result": result,
+    }
+    if resumes:
+        run_file["resumes"] = resumes
+    write_run_file(out, run_file)
+    written = [model_path, checkpoint, out / "metrics.json", out / "metrics.csv"]
+    if not args.no_plots:
+        from flows.plot import plot_history
+
+        plot_history(trainer.history, out / "curves.png")
+        written += [out / "curves.png", *_pictures(model, data, out)]
+    for event in trainer.history.events:
+        say(f"step {event['step']}: {event['message']}")
+    if "test" in result:
+        test = result["test"]
+        line = f"test log-likelihood: {test['log_likelihood']:.4f} ± {test['stderr']:.4f} nats ({test['n']} samples)"
+        if "bits_per_dim" in test:
+            line = (
+                f"test bits/dim: {test['bits_per_dim']:.3f}  ({data.levels} levels, {test['n']} test samples)\n" + line
+            )
+        print(line)
+    files = ", ".join(str(p) for p in written)
+    say(f"trained {epochs:g} epochs ({trainer.step} steps) in {trainer.elapsed:.1f} s; wrote {files}")
+    if model_file is not None:
+        say(f"model file: {model_file} + {model_file.with_suffix('.json').name} (flows.load_model({str(out)!r}))")
+    if "test" in result and not math.isfinite(result["test"]["log_likelihood"]):
+        print(
+            f"flows fit: error: expected a finite test log-likelihood, got {result['test']['log_likelihood']}: the "
+            "model gives some test points no density (a non-finite log_prob); see run.json",
+            file=sys.stderr,
+        )
+        return 1
+    return 0
+
+
+def _worse_than_untrained(history: History, untrained: object) -> str | None:
+    """Why the run counts as diverged (``None`` if it does not): its best validation loss is far above the untrained's.
+
+    The guard catches non-finite steps; a learning rate that is merely too large gives finite losses
+    of 1e6..1e16 nats, and the model with the best of them is still far worse than the model before
+    training. "Far" is a margin of max(1, |L0|/2) nats over the untrained loss L0, so a short run
+    that has not yet improved is not called diverged.
+    """
+    try:
+        baseline = float(untrained)  # type: ignore[arg-type]
+    except (TypeError, ValueError):
+        return None
+    if not math.isfinite(baseline):
+        return None
+    losses = [v for v in history["val_loss"] if math.isfinite(v)]
+    if not losses:
+        return None
+    best = min(losses)
+    if best <= baseline + max(1.0, abs(baseline) / 2):
+        return None
+    return f"expected a validation loss near or below the untrained model's {baseline:.4g} nats, got at best {best:.4g}"
+
+
+def _json_number(value: object) -> object:
+    """``value``, with a non-finite float as its string (``"inf"``), which JSON headers cannot hold."""
+    return str(value) if isinstance(value, float) and not math.isfinite(value) else value
+
+
+def _write_model_file(model: torch.nn.Module, out: Path) -> Path | None:
+    """Write ``model.safetensors`` and ``model.json`` in ``out`` (None, with a note, if no config fits)."""
+    from flows.model_file import ModelFileError, save_model
+
+    try:
+        return save_model(model, out)
+    except ModelFileError as error:
+        print(f"flows fit: no model.safetensors written: {error}", file=sys.stderr)
+        return None
+
+
+def _plain(values: dict) -> dict:
+    return {k: (str(v) if isinstance(v, Path) else v) for k, v in values.items()}
