@@ -237,7 +237,7 @@ class AffineCoupling(Coupling):
     # The same map as the generic Coupling path, with the conditioner output split into its shift and
     # log-scale blocks directly (the (P, n) layout makes them contiguous along the mask axis) instead
     # of viewing it as (..., n, P) and unbinding: fewer autograd nodes and no stacking copy in the
-    # backward pass, about 2-3 % of a RealNVP training step.
+    # backward pass (measurements: docs/guide/concepts.md).
     def _shift_log_scale(self, kept: Tensor, context: Tensor | None) -> tuple[Tensor, Tensor]:
         params = self._raw_params(kept, context)
         axis = kept.dim() - len(self.event_shape)
