@@ -18,12 +18,12 @@ def keep_freed_memory() -> bool:
     PyTorch's CPU allocator asks ``malloc`` for every tensor. By default, blocks above glibc's
     mmap threshold are mapped and unmapped each time and the heap is trimmed whenever its free
     top exceeds the trim threshold, so a loop that allocates the same few-MiB tensors again and
-    again (a training step, an ODE solve) pays page faults on every one of them: on the
-    development machine the particle flows ran up to 3x slower for that alone. This is the same
-    effect as the environment variables ``MALLOC_MMAP_THRESHOLD_`` and ``MALLOC_TRIM_THRESHOLD_``
-    (or preloading jemalloc or tcmalloc, as PyTorch's CPU performance guide suggests), applied
-    from inside a running process. It changes no result, only where freed memory goes, and it is
-    opt-in: the library never calls it; the examples and benchmarks do.
+    again (a training step, an ODE solve) pays page faults on every one of them (measurements:
+    ``docs/particles.md``, "Memory on CPU"). This is the same effect as the environment variables
+    ``MALLOC_MMAP_THRESHOLD_`` and ``MALLOC_TRIM_THRESHOLD_`` (or preloading jemalloc or tcmalloc,
+    as PyTorch's CPU performance guide suggests), applied from inside a running process. It changes
+    no result, only where freed memory goes, and it is opt-in: the library never calls it; the
+    examples and benchmarks do.
 
     Returns:
         ``True`` when both settings were accepted (glibc), ``False`` elsewhere (musl, macOS, Windows).

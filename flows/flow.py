@@ -45,7 +45,7 @@ def evaluating(module: nn.Module) -> Iterator[nn.Module]:
     """Put ``module`` in eval mode for the block and restore every submodule's previous mode after.
 
     Evaluation in train mode silently corrupts batch-norm running statistics and scores with batch
-    statistics (METHODS.md §7); the library's evaluation helpers all go through this.
+    statistics (``docs/tabular.md``); the library's evaluation helpers all go through this.
 
     Example:
         >>> from torch import nn

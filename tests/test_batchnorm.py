@@ -1,4 +1,4 @@
-"""BatchNorm as a bijection (METHODS.md §7 pitfalls), and the vector ActNorm checks the issue asks for."""
+"""BatchNorm as a bijection (the evaluation pitfalls of docs/tabular.md), and the vector ActNorm checks."""
 
 from __future__ import annotations
 

@@ -1,4 +1,4 @@
-"""Oracles for continuous normalizing flows (METHODS.md §6): linear ODEs, Hutchinson statistics,
+"""Oracles for continuous normalizing flows (docs/continuous.md): linear ODEs, Hutchinson statistics,
 adjoint gradients, round trips, normalisation on a grid, determinism, RNODE integrals, bad input."""
 
 from __future__ import annotations

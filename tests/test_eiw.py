@@ -200,6 +200,11 @@ def test_eiw_arguments_are_checked() -> None:
         flows.EntropyPermutation(4, update_steps=-1)
     with pytest.raises(ValueError, match="expected 0 <= margin < 1"):
         flows.EntropyPermutation(4, margin=1.0)
-    with pytest.raises(ValueError, match=r"expected split in 0\.\.4"):
+    with pytest.raises(ValueError, match=r"^EntropyPermutation: expected split in 0\.\.4, got -1"):
         flows.EntropyPermutation(4, split=-1)
+    with pytest.raises(ValueError, match=r"^EIWShuffle: expected split in 0\.\.3, got 1.5"):
+        flows.EIWShuffle(3, split=1.5)
+    # the default split is what Split factors out by default, C - C // 2, in both layers
+    shuffle = flows.EIWShuffle(5)
+    assert (shuffle.split, shuffle.entropy_permutation.split, flows.EntropyPermutation(5).split) == (3, 3, 3)
     assert math.isclose(flows.EIWShuffle(4).regularization, 0.01)

@@ -1,4 +1,4 @@
-"""Oracles for the injective transforms (METHODS.md §5): exact volume terms, projections, the FIF surrogate."""
+"""Oracles for the injective transforms (docs/injective.md): exact volume terms, projections, the FIF surrogate."""
 
 from __future__ import annotations
 

@@ -1,4 +1,4 @@
-"""MCMC kernels (METHODS.md §4 oracles): perfect flows, stationarity, detailed balance, funnel, adaptation."""
+"""MCMC kernel oracles (docs/mcmc.md): perfect flows, stationarity, detailed balance, funnel, adaptation."""
 
 from __future__ import annotations
 

@@ -118,3 +118,14 @@ def test_plots_of_a_global_local_trace(tmp_path) -> None:
     assert (tmp_path / "trace.png").stat().st_size > 1000 and (tmp_path / "pairs.png").stat().st_size > 1000
     with pytest.raises(ValueError, match="expected at least two coordinates"):
         plot_chain_pairs(trace, dims=[0])
+
+
+def test_chain_plots_name_the_shown_coordinates() -> None:
+    chains = torch.randn(30, 4, 5)
+    trace_axes = plot_trace(chains, dims=[3, 1]).axes
+    assert [ax.get_ylabel() for ax in trace_axes] == ["x3", "x1"]
+    assert [ax.get_ylabel() for ax in plot_trace(chains, max_dims=2, labels=["a", "b"]).axes] == ["a", "b"]
+    pair_axes = plot_chain_pairs(chains, dims=[4, 0, 2]).axes  # lower triangle: (x0|x4), (x2|x4), (x2|x0)
+    assert [(ax.get_xlabel(), ax.get_ylabel()) for ax in pair_axes] == [("", "x0"), ("x4", "x2"), ("x0", "")]
+    pair_axes = plot_chain_pairs(chains, max_dims=2, labels=["a", "b"]).axes
+    assert [(ax.get_xlabel(), ax.get_ylabel()) for ax in pair_axes] == [("a", "b")]

@@ -309,6 +309,18 @@ def test_large_systems_align_by_assignment_then_kabsch_and_refinement_helps() ->
         torch.testing.assert_close(_pair_distances(a, n, d), _pair_distances(b, n, d))
 
 
+@pytest.mark.parametrize(("n", "d"), [(4, 2), (8, 3)])  # all permutations; assignment then Kabsch
+def test_alignment_broadcasts_a_single_reference_row(n: int, d: int) -> None:
+    gen = torch.Generator().manual_seed(14)
+    x = torch.randn(5, n * d, generator=gen, dtype=F64)
+    z = torch.randn(5, n * d, generator=gen, dtype=F64)
+    one_x, one_z = x[:1].expand_as(z).clone(), z[:1].expand_as(x).clone()
+    assert torch.equal(aligned_distances(x[:1], z, n, d), aligned_distances(one_x, z, n, d))
+    assert torch.equal(aligned_distances(x, z[:1], n, d), aligned_distances(x, one_z, n, d))
+    assert torch.equal(align(x, z[:1], n, d, refine=2), align(x, one_z, n, d, refine=2))
+    assert align(x[:0], z[:0], n, d).shape == (0, n * d)
+
+
 def test_coupling_costs_radial_bound_and_candidates() -> None:
     n, d, batch = 8, 3, 12
     gen = torch.Generator().manual_seed(13)

@@ -21,7 +21,8 @@ CASES = all_cases()
 EXEMPT: dict[str, str] = {
     "Bijection": "abstract base class of the contract",
     # Stochastic blocks (SNF): random maps whose second output is the path term ΔS, not a
-    # log-determinant; tested by the METHODS.md §3 oracles in tests/test_stochastic.py.
+    # log-determinant; tested by the SNF oracles of Wu, Köhler, Noé (2020) in tests/test_stochastic.py
+    # (ΔS = u(out) - u(in) for detailed-balance kernels, exact importance weights Gaussian -> Gaussian).
     "StochasticBlock": "abstract base of the stochastic blocks (random maps, not bijections)",
     "MetropolisBlock": "random map (Metropolis kernel); ladj is the path term ΔS, see tests/test_stochastic.py",
     "LangevinBlock": "random map (Langevin kernel); ladj is the path term ΔS, see tests/test_stochastic.py",

@@ -1,4 +1,4 @@
-"""Stochastic blocks (SNF): the METHODS.md §3 oracles for the path term ΔS and exact importance weights."""
+"""Stochastic blocks (SNF, Wu, Köhler, Noé 2020): oracles for the path term ΔS and exact importance weights."""
 
 from __future__ import annotations
 

@@ -20,7 +20,7 @@ log-determinant is the half-spectrum sum with weight 2 on the bins that stand fo
           + [n \text{ even}] \log|\hat c_{n/2}|.
 
 A free complex spectrum followed by ``.real`` is **not** a circulant with that spectrum, and
-:math:`\sum \log|\hat c|` is then not its log-determinant (METHODS.md §1): this module never does that.
+:math:`\sum \log|\hat c|` is then not its log-determinant (``docs/circulant.md``): this module never does that.
 
 References:
     Feng, Liao (2025), "CDFlow: Building Invertible Layers with Circulant and Diagonal Matrices",
@@ -43,7 +43,7 @@ __all__ = ["CirculantDiagonal", "CirculantDiagonal2d"]
 
 _PARAMETERIZATIONS = ("kernel", "spectrum")
 _INITS = ("identity", "orthogonal")
-_METHODS = ("auto", "fft", "dense")
+_METHOD_CHOICES = ("auto", "fft", "dense")
 _AUTO_DENSE_MAX = 512  # "auto" materialises W for n up to this ...
 _AUTO_DENSE_ROWS = 8  # ... when there are at least this many rows (vectors or pixels) per feature
 
@@ -166,7 +166,7 @@ class CirculantDiagonal(Bijection):
             raise ValueError(f"{name}: expected parameterization 'kernel' or 'spectrum', got {parameterization!r}")
         if init not in _INITS:
             raise ValueError(f"{name}: expected init 'identity' or 'orthogonal', got {init!r}")
-        if method not in _METHODS:
+        if method not in _METHOD_CHOICES:
             raise ValueError(f"{name}: expected method 'auto', 'fft' or 'dense', got {method!r}")
         super().__init__((features,) + (None,) * self._spatial)
         n, m = features, factors

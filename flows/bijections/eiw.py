@@ -72,6 +72,14 @@ def negentropy(x: Tensor, *, eps: float = 1e-8) -> Tensor:
     return (logcosh.mean(dim=1) - GAUSSIAN_LOGCOSH).square()
 
 
+def _split_size(channels: int, split: int | None, who: str) -> int:
+    """``split`` checked to lie in ``0..channels``; ``None`` gives ``C - C // 2``, what a default split factors out."""
+    split = channels - channels // 2 if split is None else split
+    if not isinstance(split, int) or not 0 <= split <= channels:
+        raise ValueError(f"{who}: expected split in 0..{channels}, got {split!r}")
+    return split
+
+
 class EntropyPermutation(Permutation):
     r"""Channel permutation that puts the ``split`` most Gaussian channels last (where a split factors them out).
 
@@ -127,9 +135,7 @@ class EntropyPermutation(Permutation):
     ) -> None:
         if not isinstance(channels, int) or channels < 1:
             raise ValueError(f"EntropyPermutation: expected a positive int number of channels, got {channels!r}")
-        split = channels - channels // 2 if split is None else split
-        if not isinstance(split, int) or not 0 <= split <= channels:
-            raise ValueError(f"EntropyPermutation: expected split in 0..{channels}, got {split!r}")
+        split = _split_size(channels, split, "EntropyPermutation")
         if not 0.0 < momentum <= 1.0:
             raise ValueError(f"EntropyPermutation: expected 0 < momentum <= 1, got {momentum}")
         if not 0.0 <= margin < 1.0:
@@ -257,9 +263,7 @@ class EIWShuffle(Chain):
     ) -> None:
         if not isinstance(channels, int) or channels < 2:
             raise ValueError(f"EIWShuffle: expected an int number of channels >= 2, got {channels!r}")
-        split = channels - channels // 2 if split is None else split
-        if not isinstance(split, int) or not 0 <= split <= channels:
-            raise ValueError(f"EIWShuffle: expected split in 0..{channels}, got {split!r}")
+        split = _split_size(channels, split, "EIWShuffle")
         if regularization < 0:
             raise ValueError(f"EIWShuffle: expected regularization >= 0, got {regularization}")
         n_a = channels // 2

@@ -5,7 +5,7 @@ pass in training mode the layer sets :math:`s = -\log \sigma`, :math:`b = -\mu/\
 batch statistics, so that its outputs have zero mean and unit variance; afterwards it is an
 ordinary learnable affine layer with no batch dependence. The ``initialized`` flag is a
 **registered buffer**, so a model restored with ``load_state_dict`` never re-initialises (nflows
-keeps it as a Python attribute and destroys trained weights on reload; METHODS.md §7).
+keeps it as a Python attribute and destroys trained weights on reload; see ``docs/tabular.md``).
 
 Also :class:`BatchNorm`, batch normalisation as a bijection (batch statistics in train mode,
 running statistics in eval mode).
@@ -170,7 +170,7 @@ class BatchNorm(Bijection):
     evaluation never touches the running statistics. Evaluate with :func:`flows.evaluating`, which
     switches to eval mode and restores the previous modes; scoring test data in train mode would
     overwrite the running statistics with test statistics and make the score depend on the batch
-    (METHODS.md §7). ``running_var`` starts at **ones** (nflows starts it at zeros, so a model
+    (the pitfall of ``docs/tabular.md``). ``running_var`` starts at **ones** (nflows starts it at zeros, so a model
     evaluated before any training step gets a log-det of :math:`-\tfrac12 \log\epsilon` per feature).
 
     References:

@@ -83,17 +83,34 @@ class AffineTransformer(Transformer):
         c = self.clamp
         return torch.sigmoid(raw * (2.0 / c)) * (2.0 * c) - c
 
+    @staticmethod
+    def _affine(x: Tensor, shift: Tensor, log_scale: Tensor, *, inverse: bool = False) -> tuple[Tensor, Tensor]:
+        r"""The affine map :math:`x e^{s} + t` (or its inverse :math:`(x - t) e^{-s}`) and its log-derivative.
+
+        The elementwise log-derivative is :math:`s` (:math:`-s` for the inverse).
+
+        Args:
+            x: the input, any shape ``S``.
+            shift: :math:`t`, broadcastable to ``S``.
+            log_scale: :math:`s` (already clamped), broadcastable to ``S``.
+            inverse: apply the inverse map.
+
+        Returns:
+            The output and the elementwise log-derivative, both of the broadcast shape.
+        """
+        if inverse:
+            return (x - shift) * torch.exp(-log_scale), -log_scale
+        return torch.addcmul(shift, x, log_scale.exp()), log_scale
+
     def _shift_log_scale(self, params: Tensor) -> tuple[Tensor, Tensor]:
         shift, raw = params.unbind(-1)
         return shift, self.log_scale(raw)
 
     def forward_and_log_det(self, x: Tensor, params: Tensor) -> tuple[Tensor, Tensor]:
-        shift, log_scale = self._shift_log_scale(params)
-        return torch.addcmul(shift, x, log_scale.exp()), log_scale
+        return self._affine(x, *self._shift_log_scale(params))
 
     def inverse_and_log_det(self, z: Tensor, params: Tensor) -> tuple[Tensor, Tensor]:
-        shift, log_scale = self._shift_log_scale(params)
-        return (z - shift) * torch.exp(-log_scale), -log_scale
+        return self._affine(z, *self._shift_log_scale(params), inverse=True)
 
     def extra_repr(self) -> str:
         return f"clamp={self.clamp}"

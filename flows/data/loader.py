@@ -115,7 +115,7 @@ class TensorLoader:
                 index = index[: len(index) - len(index) % self.world_size]
                 index = index[self.rank :: self.world_size]
             self.position += 1
-            # index_select: up to 4x faster than t[index] on CPU; the index follows each tensor's device
+            # index_select: faster than t[index] on CPU (docs/guide/data.md); the index follows each tensor's device
             yield tuple(t.index_select(0, index.to(t.device, non_blocking=True)) for t in self.tensors)
         self.epoch += 1
         self.position = 0

@@ -180,6 +180,31 @@ def _pairwise_max_trace_2d(x: Tensor, z: Tensor, reflections: bool) -> Tensor:
     return best.amax(1)
 
 
+def _centred(x: Tensor, shape: tuple[int, int]) -> Tensor:
+    """Flat configurations ``(*batch, n·d)`` centred and shaped ``(*batch, n, d)``."""
+    return remove_mean(x, *shape).unflatten(-1, shape)
+
+
+def _permuted(x: Tensor, sigma: Tensor) -> Tensor:
+    """``x[p, sigma[p]]`` for every row ``p``: ``x`` ``(P, n, d)``, ``sigma`` ``(P, n)``."""
+    return torch.gather(x, 1, sigma[..., None].expand_as(x))
+
+
+def _matched(x: Tensor, z: Tensor, reflections: bool, exact_up_to: int) -> tuple[Tensor, Tensor | None]:
+    r"""``x`` ``(P, n, d)`` with its particles permuted to match ``z`` pair by pair (both centred).
+
+    For ``n <= exact_up_to`` the permutation maximises :math:`\max_R \operatorname{tr}(R H_\sigma)`
+    over all :math:`n!` (the exact group minimum, :func:`aligned_distances`), returned with that
+    maximum ``(P,)``; for more particles it is the assignment on squared particle distances, returned
+    with ``None``.
+    """
+    n = x.shape[1]
+    if n > exact_up_to:
+        return _permuted(x, _assign(x, z)), None
+    traces = _max_trace(_permuted_covariances(x, z), reflections)  # (P, n!)
+    return _permuted(x, _permutations(n, x.device)[traces.argmax(-1)]), traces.amax(-1)
+
+
 def _selection(n: int, like: Tensor) -> Tensor:
     """The ``(n!, n^2)`` 0/1 matrix with a one at ``sigma(i) * n + i`` in the row of each permutation ``sigma``."""
     perms = _permutations(n, like.device)
@@ -218,14 +243,12 @@ def aligned_distances(
         ``(P,)`` squared distances.
     """
     shape = (n_particles, spatial_dim)
-    x = remove_mean(x, *shape).unflatten(-1, shape)
-    z = remove_mean(z, *shape).unflatten(-1, shape)
-    x, z = torch.broadcast_tensors(x, z)
+    x, z = torch.broadcast_tensors(_centred(x, shape), _centred(z, shape))
     norms = x.square().sum((-2, -1)) + z.square().sum((-2, -1))
-    if n_particles <= exact_up_to:
-        return (norms - 2 * _max_trace(_permuted_covariances(x, z), reflections).amax(-1)).clamp_min(0)
-    x = torch.gather(x, 1, _assign(x, z)[..., None].expand_as(x))
-    return (norms - 2 * _max_trace(x.mT @ z, reflections)).clamp_min(0)
+    x, best = _matched(x, z, reflections, exact_up_to)
+    if best is None:
+        best = _max_trace(x.mT @ z, reflections)
+    return (norms - 2 * best).clamp_min(0)
 
 
 def align(
@@ -262,20 +285,16 @@ def align(
     """
     _check_sizes(n_particles, spatial_dim, "align")
     shape = (n_particles, spatial_dim)
-    x = remove_mean(x, *shape).unflatten(-1, shape)
-    z = remove_mean(z, *shape).unflatten(-1, shape).expand_as(x)
+    x = _centred(x, shape)
+    z = _centred(z, shape).expand_as(x)
     if not len(x):
         return x.flatten(-2)
-    if n_particles <= exact_up_to:
-        perms = _permutations(n_particles, x.device)
-        best = perms[_max_trace(_permuted_covariances(x, z), reflections).argmax(-1)]
-        x = torch.gather(x, 1, best[..., None].expand_as(x))
-        return (x @ kabsch(x, z, reflections=reflections).mT).flatten(-2)
-    for round_ in range(1 + max(0, refine)):
-        x = torch.gather(x, 1, _assign(x, z)[..., None].expand_as(x))
-        moved = x @ kabsch(x, z, reflections=reflections).mT
-        if round_ < refine:
-            x = moved
+    x, _ = _matched(x, z, reflections, exact_up_to)
+    moved = x @ kabsch(x, z, reflections=reflections).mT
+    if n_particles > exact_up_to:  # the assignment on the rotated points, and Kabsch again
+        for _ in range(refine):
+            x = _permuted(moved, _assign(moved, z))
+            moved = x @ kabsch(x, z, reflections=reflections).mT
     return moved.flatten(-2)
 
 
@@ -370,8 +389,8 @@ class EquivariantOTCoupling:
         shape = (self.n_particles, self.spatial_dim)
         pruned = self.candidates is not None and self.candidates < n and self.n_particles > self.exact_up_to
         if self.cost == "radial" or pruned:
-            rx = remove_mean(x, *shape).unflatten(-1, shape).norm(dim=-1).sort(-1).values
-            rz = remove_mean(z, *shape).unflatten(-1, shape).norm(dim=-1).sort(-1).values
+            rx = _centred(x, shape).norm(dim=-1).sort(-1).values
+            rz = _centred(z, shape).norm(dim=-1).sort(-1).values
             bound = torch.cdist(rx.double(), rz.double()).square()
             if self.cost == "radial":
                 return bound
@@ -385,8 +404,7 @@ class EquivariantOTCoupling:
             cost[rows.reshape(-1), cols.reshape(-1)] = exact
             return cost
         if self.n_particles <= self.exact_up_to:  # all pairs and permutations in closed form, no loop
-            xc = remove_mean(x, *shape).unflatten(-1, shape)
-            zc = remove_mean(z, *shape).unflatten(-1, shape)
+            xc, zc = _centred(x, shape), _centred(z, shape)
             norms = xc.square().sum((-2, -1))[:, None] + zc.square().sum((-2, -1))[None, :]
             if self.spatial_dim == 2:
                 best = _pairwise_max_trace_2d(xc, zc, self.reflections)

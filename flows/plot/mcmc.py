@@ -21,6 +21,14 @@ def _chains(samples: Trace | Tensor, who: str) -> Tensor:
     return x.detach().cpu().double().reshape(x.shape[0], x.shape[1], -1)
 
 
+def _coordinates(
+    x: Tensor, dims: Sequence[int] | None, max_dims: int, labels: Sequence[str] | None
+) -> tuple[list[int], list[str]]:
+    """The flattened coordinates to show (default: the first ``max_dims``) and their names (default ``x<d>``)."""
+    dims = list(dims) if dims is not None else list(range(min(max_dims, x.shape[2])))
+    return dims, list(labels) if labels is not None else [f"x{d}" for d in dims]
+
+
 def _spread(chains: int, most: int) -> list[int]:
     """Up to ``most`` chain indices evenly spaced over ``range(chains)`` (chains are often started in blocks)."""
     if chains <= most:
@@ -63,8 +71,7 @@ def plot_trace(
         2
     """
     x = _chains(samples, "plot_trace")
-    dims = list(dims) if dims is not None else list(range(min(max_dims, x.shape[2])))
-    labels = list(labels) if labels is not None else [f"x{d}" for d in dims]
+    dims, labels = _coordinates(x, dims, max_dims, labels)
     trace = samples if isinstance(samples, Trace) else None
     rows = len(dims) + (trace is not None)
     figure = new_figure(7.0, 1.6 * rows + 0.4)
@@ -127,10 +134,9 @@ def plot_chain_pairs(
         3
     """
     x = _chains(samples, "plot_chain_pairs")
-    dims = list(dims) if dims is not None else list(range(min(max_dims, x.shape[2])))
+    dims, labels = _coordinates(x, dims, max_dims, labels)
     if len(dims) < 2:
         raise ValueError(f"plot_chain_pairs: expected at least two coordinates, got dims={dims}")
-    labels = list(labels) if labels is not None else [f"x{d}" for d in dims]
     ref = reference.detach().cpu().double().reshape(len(reference), -1) if reference is not None else None
     k = len(dims) - 1
     figure = new_figure(2.2 * k + 0.5, 2.2 * k + 0.3)

@@ -274,7 +274,7 @@ class MullerBrown(EnergyTarget):
 
     @property
     def log_Z(self) -> float:
-        """Log normalising constant by 2-D quadrature on first use (about a second), then cached."""
+        """Log normalising constant by 2-D quadrature on first use, then cached."""
         if self._log_Z is None:
             self._log_Z = log_trapezoid_2d(
                 lambda x, y: -self.beta * _muller_brown_numpy(x, y), (-3.0, 2.5), (-1.5, 3.5), n=2001
