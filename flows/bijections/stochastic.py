@@ -29,7 +29,8 @@ For kernels in detailed balance with :math:`e^{-u}` (Metropolis, MALA, HMC), the
 Gradients flow through accepted positions (reparameterised proposals) and, for Langevin and HMC
 in training, through the forces (second order); accept/reject decisions are not differentiated.
 These blocks are not bijections: they cannot pass :func:`~flows.testing.check_bijection` and are
-tested by the oracles of METHODS.md §3 instead.
+tested against exact invariance and detailed-balance oracles instead (``tests/test_stochastic.py``;
+Wu, Köhler, Noé 2020, *Stochastic Normalizing Flows*).
 
 References:
     Wu, Köhler, Noé (2020), "Stochastic Normalizing Flows", NeurIPS, arXiv:2002.06707.

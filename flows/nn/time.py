@@ -64,8 +64,8 @@ class TimeMLP(nn.Module):
     is refused) and one of ``nn.Tanh``, ``nn.Softplus``, ``nn.ELU``, ``nn.SiLU``, ``nn.Sigmoid``.
     ``ELU`` has a discontinuous second derivative, which costs adaptive solvers extra steps at
     tight tolerances. Unlike the coupling conditioners, the last layer keeps PyTorch's default
-    initialisation (as in FFJORD and zuko): on two moons, a zero last layer trained slower and
-    with more function evaluations.
+    initialisation (as in FFJORD and zuko): a zero last layer trained slower (measurements:
+    ``docs/continuous.md``).
 
     Args:
         features: dimension ``D`` of the state ``z``.
