@@ -29,6 +29,7 @@ from flows.flow import evaluating
 from flows.train._lock import hold_run_lock
 from flows.train.batching import Data, as_tensors, epoch_batches, steps_in_epoch, to_device, train_loader, val_loader
 from flows.train.callbacks import Callback, bar_output, progress_bar
+from flows.train.checkpoint import capture_rng_state, restore_rng_state, training_state_problem
 from flows.train.distributed import ObjectiveModule, all_reduce_weighted_mean, get_rank, get_world_size
 from flows.train.guard import (
     NonFiniteGuard,
@@ -40,7 +41,7 @@ from flows.train.guard import (
 )
 from flows.train.history import History
 from flows.train.objectives import MaximumLikelihood, Objective, _as_output, batch_size_of
-from flows.train.resume import load_trainer_state, resume_trainer, save_trainer, stop_on_signals, trainer_state
+from flows.train.resume import resume_trainer, save_trainer, stop_on_signals
 
 __all__ = ["FIRST_CHECKPOINT_SECONDS", "Trainer"]
 
@@ -178,12 +179,85 @@ class Trainer:
 
     # -- state -----------------------------------------------------------------------------------
     def state_dict(self) -> dict[str, Any]:
-        """Everything an exact resume needs (tensors and plain containers only)."""
-        return trainer_state(self)
+        """Everything an exact resume needs, as tensors and plain containers (what checkpoints hold).
+
+        The entries (the on-disk layout of training checkpoints, see :mod:`flows.train.checkpoint`):
+
+        * ``"trainer"``: the counters ``epoch`` (completed epochs), ``epoch_step`` (the position
+          inside the current epoch, which is also the data loader's position), ``step``,
+          ``elapsed`` (training seconds), and the running sums of the unfinished epoch's metrics
+          (``epoch_sums``, ``epoch_count``);
+        * ``"model"``, ``"optimizer"``, ``"scheduler"`` (``None`` without one), ``"guard"`` (the NaN
+          guard's counters, ``None`` without a guard; its in-memory snapshot is not saved: a loaded
+          trainer snapshots its loaded state when :meth:`fit` starts), ``"callbacks"`` (one state
+          per callback, in order), ``"history"``;
+        * ``"rng"``: the states of torch's (CPU and CUDA), NumPy's and Python's global generators,
+          which drive shuffling, dequantization noise and any sampling inside the objective.
+
+        As with :meth:`torch.nn.Module.state_dict`, model and optimizer tensors are references,
+        not copies: copy the dict (``copy.deepcopy``) to keep it while training goes on.
+        Everything loads under ``torch.load(weights_only=True)``.
+
+        Taken between steps (in a callback, or after :meth:`fit` returns) it continues exactly.
+        After :meth:`fit`, though, a callback that loads the best weights at the end
+        (:class:`~flows.train.EarlyStopping`) has replaced the training weights: the checkpoint
+        that :meth:`fit` writes before ``on_fit_end``, or a state taken in the ``on_fit_end`` of a
+        callback listed before it, holds the training state.
+        """
+        return {
+            "trainer": {
+                "epoch": self.epoch,
+                "epoch_step": self.epoch_step,
+                "step": self.step,
+                "elapsed": self.elapsed,
+                "epoch_sums": dict(self._epoch_sums),
+                "epoch_count": self._epoch_count,
+            },
+            "model": self.model.state_dict(),
+            "optimizer": self.optimizer.state_dict(),
+            "scheduler": self.scheduler.state_dict() if self.scheduler is not None else None,
+            "guard": self.guard.state_dict() if self.guard is not None else None,
+            "callbacks": [cb.state_dict() for cb in self.callbacks],
+            "history": self.history.state_dict(),
+            "rng": capture_rng_state(),
+        }
 
     def load_state_dict(self, state: dict[str, Any]) -> None:
-        """Restore what :meth:`state_dict` returned (model, optimizer, counters, RNG states, ...)."""
-        load_trainer_state(self, state)
+        """Restore what :meth:`state_dict` returned; the next :meth:`fit` continues that run exactly.
+
+        The trainer must have the same kind of model, optimizer, scheduler and the same callbacks
+        as the one that saved ``state``; call :meth:`fit` with the same data, batch size and seed.
+        The global random generators are set to the saved states.
+
+        Raises:
+            ValueError: for a state that lacks entries, or holds state for another number of
+                callbacks; errors of the model's, optimizer's or scheduler's ``load_state_dict``
+                propagate.
+        """
+        problem = training_state_problem(state)
+        if problem is not None:
+            raise ValueError(f"Trainer.load_state_dict: {problem}")
+        if len(state["callbacks"]) != len(self.callbacks):
+            raise ValueError(
+                f"Trainer.load_state_dict: the state has state for {len(state['callbacks'])} callbacks, this trainer "
+                f"has {len(self.callbacks)}; resume with the same callbacks"
+            )
+        counters = state["trainer"]
+        self.model.load_state_dict(state["model"])
+        self.optimizer.load_state_dict(state["optimizer"])
+        if self.scheduler is not None and state["scheduler"] is not None:
+            self.scheduler.load_state_dict(state["scheduler"])
+        if self.guard is not None and state["guard"] is not None:
+            self.guard.load_state_dict(state["guard"])
+        for cb, cb_state in zip(self.callbacks, state["callbacks"], strict=True):
+            cb.load_state_dict(cb_state)
+        self.history.load_state_dict(state["history"])
+        self.epoch, self.epoch_step = int(counters["epoch"]), int(counters["epoch_step"])
+        self.step = int(counters["step"])
+        self.elapsed = float(counters["elapsed"])
+        self._epoch_sums = {str(k): float(v) for k, v in counters["epoch_sums"].items()}
+        self._epoch_count = int(counters["epoch_count"])
+        restore_rng_state(state["rng"])
 
     def save(self, path: str | os.PathLike | None = None) -> Path | None:
         """Write a resumable checkpoint atomically (rank 0 only; returns the path, ``None`` elsewhere)."""
