@@ -49,7 +49,8 @@ from torch import Tensor, nn
 from flows.bijections.base import Bijection, Chain
 from flows.flow import Flow
 from flows.pairs import ot_assignment
-from flows.train.objectives import Objective, ObjectiveOutput, batch_size_of, split_batch
+from flows.train.batching import batch_size_of, split_batch
+from flows.train.objectives import Objective, ObjectiveOutput
 
 if TYPE_CHECKING:
     from flows.bijections.continuous import CNF
