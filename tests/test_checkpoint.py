@@ -2,14 +2,17 @@
 
 from __future__ import annotations
 
+import copy
 import hashlib
 import io
 import json
 import os
 import pickle
+import random
 import signal
 from pathlib import Path
 
+import numpy as np
 import pytest
 import torch
 
@@ -73,6 +76,74 @@ def test_resume_mid_epoch_is_bitwise_identical(tmp_path: Path) -> None:
         assert torch.equal(value, reference[name]), name
     assert history["epoch"] == [1, 1.75, 2, 3]
     assert history["val_loss"][-1] == full.history["val_loss"][-1]
+
+
+def _same(a: object, b: object) -> bool:
+    """Nested containers equal, tensors bitwise."""
+    if isinstance(a, torch.Tensor):
+        return isinstance(b, torch.Tensor) and a.dtype == b.dtype and torch.equal(a, b)
+    if isinstance(a, dict):
+        return isinstance(b, dict) and a.keys() == b.keys() and all(_same(a[k], b[k]) for k in a)
+    if isinstance(a, (list, tuple)):
+        return type(a) is type(b) and len(a) == len(b) and all(_same(x, y) for x, y in zip(a, b, strict=True))
+    return a == b
+
+
+def _without_time(records: list[dict[str, float]]) -> list[dict[str, float]]:
+    return [{k: v for k, v in record.items() if k != "time"} for record in records]
+
+
+class _KeepState(Callback):
+    """Takes the training state at the end of fit, before EarlyStopping puts the best weights in the model."""
+
+    state: dict | None = None
+
+    def on_fit_end(self, trainer) -> None:
+        self.state = copy.deepcopy(trainer.state_dict())
+
+
+def test_state_dict_round_trip_into_a_fresh_trainer_continues_bitwise() -> None:
+    """In memory, no file: stop mid-epoch, copy the state, load it into a new trainer, finish the run."""
+    x = _levels_data()
+    full = _trainer()
+    full.callbacks.insert(0, _KeepState())
+    full.fit(x[:100], x[100:], epochs=3, batch_size=25)
+
+    first = _trainer()
+    first.callbacks.insert(0, keep := _KeepState())
+    first.fit(x[:100], x[100:], epochs=3, batch_size=25, max_steps=7)
+    del first
+    torch.manual_seed(123)  # every global generator elsewhere: the state must bring its own back
+    np.random.seed(123)  # noqa: NPY002
+    random.seed(123)
+    fresh = _trainer()
+    fresh.callbacks.insert(0, _KeepState())
+    fresh.load_state_dict(keep.state)
+    assert (fresh.step, fresh.epoch, fresh.epoch_step) == (7, 1, 3)
+    history = fresh.fit(x[:100], x[100:], epochs=3, batch_size=25)
+    final, reference = fresh.callbacks[0].state, full.callbacks[0].state  # training states, not the best weights
+    for name, value in reference["model"].items():
+        assert torch.equal(final["model"][name], value), name
+    for name, value in _params(full.model).items():  # the best weights EarlyStopping restored are the same too
+        assert torch.equal(fresh.model.state_dict()[name], value), name
+    stop = history.records[1:2]  # the record of the stop after 7 steps (epoch 1.75)
+    expected = [*full.history.records[:1], *stop, *full.history.records[1:]]
+    assert _without_time(history.records) == _without_time(expected)
+    assert history["epoch"] == [1, 1.75, 2, 3]
+    assert torch.equal(final["rng"]["torch"], reference["rng"]["torch"])
+    for key in ("optimizer", "scheduler", "callbacks", "guard"):
+        assert _same(final[key], reference[key]), key
+    assert final["trainer"] == {**reference["trainer"], "elapsed": final["trainer"]["elapsed"]}
+
+
+def test_load_state_dict_refuses_a_state_it_cannot_continue() -> None:
+    trainer = _trainer()
+    trainer.fit(_levels_data(), epochs=1, batch_size=30)
+    state = trainer.state_dict()
+    with pytest.raises(ValueError, match=r"Trainer.load_state_dict: expected a training state with .*lacks \['rng'\]"):
+        _trainer().load_state_dict({k: v for k, v in state.items() if k != "rng"})
+    with pytest.raises(ValueError, match="state for 1 callbacks, this trainer has 0; resume with the same callbacks"):
+        Trainer(build_model(trainer.config)).load_state_dict(state)
 
 
 class _SendSignal(Callback):

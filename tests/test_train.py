@@ -300,6 +300,70 @@ def test_tensor_loader_and_context_batches() -> None:
     assert history["step"] == [3] and math.isfinite(history["val_loss"][0])
 
 
+class _Recorder:
+    """A plain function-like objective (no Objective base class) that records each call."""
+
+    def __init__(self) -> None:
+        self.calls: list[tuple[nn.Module, object, bool]] = []
+
+    def __call__(self, model, batch):
+        self.calls.append((model, batch, torch.is_grad_enabled()))
+        x, context = batch
+        loss = -model.log_prob(x, context).mean()
+        return loss, {"x_mean": x.mean().detach(), "rows": float(len(x))}
+
+
+def test_a_custom_objective_callable_is_called_once_per_batch() -> None:
+    torch.manual_seed(0)
+    model = flows.RealNVP(2, 1, transforms=2, hidden=(8,))
+    x, c = _data(50), torch.randn(50, 1)
+    objective = _Recorder()
+    trainer = Trainer(model, objective, lr=1e-2)
+    before = [p.detach().clone() for p in model.parameters()]
+    history = trainer.fit((x, c), epochs=2, batch_size=20, shuffle=False)
+    train_calls = objective.calls
+    assert len(train_calls) == trainer.step == 6  # 3 batches (20, 20, 10) per epoch, one call each
+    for i, (called_model, batch, grad) in enumerate(train_calls):
+        assert called_model is model and grad
+        assert type(batch) is tuple and len(batch) == 2  # (x, context), as the data came
+        rows = slice(20 * (i % 3), 20 * (i % 3) + 20)
+        assert torch.equal(batch[0], x[rows]) and torch.equal(batch[1], c[rows])
+    assert all(not torch.equal(a, b) for a, b in zip(before, model.parameters(), strict=True))  # the loss was minimised
+    # metrics are averaged over the epoch, weighted by the batch sizes: (20·20 + 20·20 + 10·10) / 50
+    assert history["rows"] == [pytest.approx(18.0)] * 2
+    assert history["x_mean"][0] == pytest.approx(float(x.mean()), abs=1e-6)
+    # validation without an evaluate method: the loss and metrics averaged over the batches, without gradients
+    objective.calls.clear()
+    measures = trainer.evaluate((x, c), batch_size=30)
+    assert len(objective.calls) == 2 and not any(grad for _, _, grad in objective.calls)
+    assert set(measures) == {"loss", "x_mean", "rows"} and measures["rows"] == pytest.approx((30 * 30 + 20 * 20) / 50)
+
+
+def test_an_objective_can_be_replaced_between_fits() -> None:
+    first, second = _Recorder(), _Recorder()
+    x, c = _data(40), torch.randn(40, 1)
+    torch.manual_seed(0)
+    trainer = Trainer(flows.RealNVP(2, 1, transforms=2, hidden=(8,)), first)
+    trainer.fit((x, c), epochs=1, batch_size=20)
+    trainer.objective = second
+    trainer.fit((x, c), epochs=2, batch_size=20)
+    assert len(first.calls) == 2 and len(second.calls) == 2
+
+
+def test_what_an_objective_returns_is_checked() -> None:
+    x = _data(20)
+    with pytest.raises(
+        TypeError, match=r"expected an objective to return a scalar loss \(shape \(\)\), got shape \(20,\)"
+    ):
+        Trainer(_model(), lambda model, batch: -model.log_prob(batch[0])).fit(x, epochs=1, batch_size=20)
+    with pytest.raises(
+        TypeError, match=r"expected an objective to return a loss tensor or \(loss, metrics\), got list"
+    ):
+        Trainer(_model(), lambda model, batch: [model.log_prob(batch[0]).mean()]).fit(x, epochs=1, batch_size=20)
+    with pytest.raises(TypeError, match=r"expected a callable objective\(model, batch\), got str"):
+        Trainer(_model(), "ml")
+
+
 def test_bad_arguments_raise_clear_errors() -> None:
     with pytest.raises(TypeError, match=r"expected an nn\.Module as model, got str"):
         Trainer("model")

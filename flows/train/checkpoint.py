@@ -52,6 +52,7 @@ __all__ = [
     "restore_rng_state",
     "save_checkpoint",
     "save_model",
+    "training_state_problem",
 ]
 
 MAGIC = b"FLOWSCKPT\n"
@@ -141,6 +142,26 @@ TRAINING_ENTRIES: dict[str, tuple[str, ...]] = {
 """Entries a :class:`~flows.train.Trainer` state must have (and the entries each must have) to resume."""
 
 
+def training_state_problem(state: object) -> str | None:
+    """What a training state lacks or has mistyped (a sentence), ``None`` when resuming can read it."""
+    if not isinstance(state, dict):
+        return f"expected a training state that is a dict, got {type(state).__name__}"
+    missing = [key for key in TRAINING_ENTRIES if key not in state]
+    if missing:
+        return f"expected a training state with {list(TRAINING_ENTRIES)}, it lacks {missing}"
+    for key, entries in TRAINING_ENTRIES.items():
+        value = state[key]
+        kind = list if key == "callbacks" else dict
+        if value is None and key in ("scheduler", "guard"):  # a run without a scheduler or guard
+            continue
+        if not isinstance(value, kind):
+            return f"expected state[{key!r}] to be a {kind.__name__}, got {type(value).__name__}"
+        lacking = [entry for entry in entries if entry not in value]
+        if lacking:
+            return f"expected state[{key!r}] to have {list(entries)}, it lacks {lacking}"
+    return None
+
+
 def check_training_state(state: dict[str, Any], path: str | os.PathLike = "<state>") -> None:
     """Refuse a training state that lacks what resuming reads, naming the file and the missing entries.
 
@@ -150,26 +171,12 @@ def check_training_state(state: dict[str, Any], path: str | os.PathLike = "<stat
     Raises:
         CheckpointError: naming the missing or mistyped entries.
     """
-    missing = [key for key in TRAINING_ENTRIES if key not in state]
-    if missing:
-        raise CheckpointError(
-            f"checkpoint {str(path)!r}: expected a training state with {list(TRAINING_ENTRIES)}, it lacks {missing} "
-            "(the file was edited or not written by flows.train.Trainer)"
-        )
-    for key, entries in TRAINING_ENTRIES.items():
-        value = state[key]
-        kind = list if key == "callbacks" else dict
-        if value is None and key in ("scheduler", "guard"):  # a run without a scheduler or guard
-            continue
-        if not isinstance(value, kind):
-            raise CheckpointError(
-                f"checkpoint {str(path)!r}: expected state[{key!r}] to be a {kind.__name__}, got {type(value).__name__}"
-            )
-        lacking = [entry for entry in entries if entry not in value]
-        if lacking:
-            raise CheckpointError(
-                f"checkpoint {str(path)!r}: expected state[{key!r}] to have {list(entries)}, it lacks {lacking}"
-            )
+    problem = training_state_problem(state)
+    if problem is None:
+        return
+    if "it lacks" in problem and problem.startswith("expected a training state with"):
+        problem += " (the file was edited or not written by flows.train.Trainer)"
+    raise CheckpointError(f"checkpoint {str(path)!r}: {problem}")
 
 
 def check_finite_state(state: Any, path: str | os.PathLike = "<state>", where: str = "state") -> None:

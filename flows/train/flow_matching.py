@@ -48,7 +48,8 @@ from torch import Tensor, nn
 
 from flows.bijections.base import Bijection, Chain
 from flows.flow import Flow
-from flows.train.objectives import Objective, ObjectiveOutput, batch_size_of, split_batch
+from flows.train.batching import batch_size_of, split_batch
+from flows.train.objectives import Objective, ObjectiveOutput
 from flows.train.pairs import ot_assignment
 
 if TYPE_CHECKING:

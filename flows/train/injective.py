@@ -12,7 +12,8 @@ from collections.abc import Iterable
 
 from torch import Tensor, nn
 
-from flows.train.objectives import Objective, batch_size_of, split_batch
+from flows.train.batching import batch_size_of, split_batch
+from flows.train.objectives import Objective
 
 __all__ = ["FreeFormInjectiveObjective"]
 

@@ -1,20 +1,49 @@
 r"""Training objectives: what the :class:`~flows.train.Trainer` minimises, one batch at a time.
 
-An objective is the extension point of the trainer. The loop (progress, validation, checkpoints,
-the NaN guard, gradient averaging across processes) never looks inside it; it only calls
+An objective is the extension point of the trainer, and this is its whole protocol. A training
+step makes **one call** into it::
 
-* ``objective(model, batch) -> loss`` or ``(loss, metrics)`` during training (a scalar tensor to
-  minimise, plus optional scalar metrics to log), and
-* ``objective.evaluate(model, batches) -> {name: value}`` for validation (in eval mode, without
-  gradients; the default averages the training loss and metrics over the batches).
+    out = objective(model, batch)    # out: loss, or (loss, metrics)
 
-``batch`` is whatever the data yields: a tuple ``(x,)`` or ``(x, context)`` from a
-:class:`~flows.data.TensorLoader`, or ``None`` for objectives that need no data (reverse KL on an
-energy target draws its own samples from the model). Objectives that sample or dequantize use the
-global torch random generator, which checkpoints save and restore.
+* ``model``: the model being trained (an ``nn.Module``, in training mode);
+* ``batch``: one batch on the model's device, as the data yields it (:mod:`flows.train.batching`
+  only shards, shuffles and moves it): ``(x,)`` or ``(x, context)`` from tensor data or a
+  :class:`~flows.data.TensorLoader`, with ``x`` of shape ``(B, *event_shape)`` and ``context``
+  of shape ``(B, context_features)`` (:func:`split_batch` unpacks both forms, a bare tensor
+  too); ``(z, x)`` or ``(z, x, context)`` pairs for :class:`~flows.train.PairRegression`;
+  whatever another iterable yields; or ``None`` for objectives that need no data (reverse KL
+  on an energy target draws its own samples from the model);
+* ``loss``: a scalar tensor (shape ``()``) to minimise, attached to the graph of the model's
+  parameters, normally a mean over the batch;
+* ``metrics`` (optional): a dict ``{name: value}`` of scalar tensors or numbers to log, detached
+  (the trainer averages them over the epoch, weighted by :func:`batch_size_of`, and logs them
+  beside ``loss``; validation logs them as ``val_<name>``).
+
+Everything else (auxiliary losses of the model's layers, ``backward``, clipping, the optimizer
+step, the NaN guard, gradient averaging across processes, ``torch.compile``) is the trainer's.
+Any callable with that signature is an objective; :func:`objective_output` is how the trainer
+reads what it returns. Validation calls, when the objective has it,
+
+* ``objective.evaluate(model, batches) -> {name: value}`` with ``batches`` an iterable of batches
+  as above (or ``[None]`` for objectives without data), inside ``flows.evaluating(model)`` and
+  ``torch.no_grad()``. :meth:`Objective.evaluate`, the default, averages the training loss and
+  metrics over the batches, weighted by their sizes.
+
+Objectives that sample or dequantize use the global torch random generator, which checkpoints
+save and restore.
 
 :class:`MaximumLikelihood` is forward KL on data; :class:`WeightedSum` mixes objectives (e.g.
 maximum likelihood with a reverse-KL objective from :mod:`flows.train.energy`).
+
+Example:
+    >>> import torch
+    >>> from flows import Affine, Flow, StandardNormal
+    >>> def mean_squared_latent(model, batch):  # a custom objective: any callable (model, batch)
+    ...     z = model.transform(batch[0])
+    ...     return z.square().mean(), {"z_max": z.detach().abs().max()}
+    >>> loss, metrics = objective_output(mean_squared_latent(Flow(Affine(2), StandardNormal(2)), (torch.ones(4, 2),)))
+    >>> loss.item(), sorted(metrics)
+    (1.0, ['z_max'])
 """
 
 from __future__ import annotations
@@ -26,34 +55,37 @@ import torch
 from torch import Tensor, nn
 
 from flows.data.dequantization import uniform_dequantize
+from flows.train.batching import batch_size_of, split_batch
 
-__all__ = ["MaximumLikelihood", "Objective", "ObjectiveOutput", "WeightedSum", "batch_size_of", "split_batch"]
+__all__ = [
+    "MaximumLikelihood",
+    "Objective",
+    "ObjectiveOutput",
+    "WeightedSum",
+    "batch_size_of",
+    "objective_output",
+    "split_batch",
+]
 
 ObjectiveOutput = Tensor | tuple[Tensor, dict[str, Tensor]]
+"""What an objective returns: the loss, or ``(loss, metrics)``."""
 
 
-def split_batch(batch: object) -> tuple[Tensor, Tensor | None]:
-    """``(x, context)`` from a batch that is a tensor, ``(x,)`` or ``(x, context)``.
+def objective_output(out: object) -> tuple[Tensor, dict[str, Tensor]]:
+    """``(loss, metrics)`` from what an objective returned (``loss`` alone means no metrics).
 
     Raises:
-        TypeError: for anything else.
+        TypeError: for anything but a one-element loss tensor or a ``(loss, dict)`` pair.
     """
-    if isinstance(batch, Tensor):
-        return batch, None
-    if type(batch) is tuple and len(batch) == 1 and isinstance(batch[0], Tensor):  # the common case, kept cheap
-        return batch[0], None
-    if isinstance(batch, (tuple, list)) and 1 <= len(batch) <= 2 and all(isinstance(b, Tensor) for b in batch):
-        return batch[0], batch[1] if len(batch) == 2 else None
-    raise TypeError(f"expected a batch that is a tensor, (x,) or (x, context), got {type(batch).__name__}")
-
-
-def batch_size_of(batch: object) -> int:
-    """Number of samples in a batch (its first tensor's leading size; 1 for ``None`` or non-tensors)."""
-    if isinstance(batch, Tensor):
-        return int(batch.shape[0]) if batch.dim() else 1
-    if isinstance(batch, (tuple, list)) and batch and isinstance(batch[0], Tensor) and batch[0].dim():
-        return int(batch[0].shape[0])
-    return 1
+    if isinstance(out, Tensor):
+        loss, metrics = out, {}
+    elif isinstance(out, tuple) and len(out) == 2 and isinstance(out[0], Tensor) and isinstance(out[1], dict):
+        loss, metrics = out
+    else:
+        raise TypeError(f"expected an objective to return a loss tensor or (loss, metrics), got {type(out).__name__}")
+    if loss.numel() != 1:
+        raise TypeError(f"expected an objective to return a scalar loss (shape ()), got shape {tuple(loss.shape)}")
+    return loss, metrics
 
 
 class Objective:
@@ -76,7 +108,7 @@ class Objective:
         totals: dict[str, float] = {}
         count = 0
         for batch in batches:
-            loss, metrics = _as_output(self(model, batch))
+            loss, metrics = objective_output(self(model, batch))
             n = batch_size_of(batch)
             for name, value in {"loss": loss, **metrics}.items():
                 totals[name] = totals.get(name, 0.0) + float(value) * n
@@ -87,14 +119,6 @@ class Objective:
 
     def __repr__(self) -> str:
         return f"{type(self).__name__}()"
-
-
-def _as_output(out: ObjectiveOutput) -> tuple[Tensor, dict[str, Tensor]]:
-    if isinstance(out, Tensor):
-        return out, {}
-    if isinstance(out, tuple) and len(out) == 2 and isinstance(out[0], Tensor) and isinstance(out[1], dict):
-        return out
-    raise TypeError(f"an objective must return a loss tensor or (loss, metrics), got {type(out).__name__}")
 
 
 class MaximumLikelihood(Objective):
@@ -200,7 +224,7 @@ class WeightedSum(Objective):
         total: Tensor | None = None
         logged: dict[str, Tensor] = {}
         for weight, objective, name in self.terms:
-            loss, metrics = _as_output(objective(model, batch))
+            loss, metrics = objective_output(objective(model, batch))
             total = weight * loss if total is None else total + weight * loss
             logged[f"{name}_loss"] = loss.detach()
             logged.update({f"{name}_{key}": value for key, value in metrics.items()})

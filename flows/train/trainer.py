@@ -1,9 +1,12 @@
 r"""The training loop shared by every objective: :class:`Trainer`.
 
-The objective computes the loss of a batch (:mod:`flows.train.objectives`); the loop does the
-rest identically for all of them: optimizer steps, clipping, schedules, auxiliary losses,
-validation in eval mode, the NaN guard, callbacks, history, progress, atomic checkpoints with exact
-resume, and multi-process data parallelism (see ``docs/guide/training.md``).
+The objective computes the loss of a batch; each step makes one call into it,
+``objective(model, batch) -> loss | (loss, metrics)``, with the batch already on the model's device
+(the protocol, with shapes, is in :mod:`flows.train.objectives`). The loop does the rest
+identically for all objectives: optimizer steps, clipping, schedules, auxiliary losses, validation
+in eval mode, the NaN guard, callbacks, history, progress, atomic checkpoints with exact resume
+(the trainer's whole state is :meth:`Trainer.state_dict`), and multi-process data parallelism (see
+``docs/guide/training.md``).
 """
 
 from __future__ import annotations
@@ -12,7 +15,6 @@ import contextlib
 import math
 import os
 import time
-import warnings
 from collections.abc import Callable, Iterable, Sequence
 from pathlib import Path
 from typing import Any
@@ -22,25 +24,34 @@ import torch.distributed as dist
 from torch import Tensor, nn
 from torch.optim import Optimizer
 
-from flows._validation import NON_FINITE_MESSAGE
 from flows.bijections.auxiliary import AuxiliaryLosses
 from flows.data.loader import TensorLoader
 from flows.flow import evaluating
+from flows.train._compile import CompiledForward, CompilerRejected, compile_options
 from flows.train._lock import hold_run_lock
-from flows.train.batching import Data, as_tensors, epoch_batches, steps_in_epoch, to_device, train_loader, val_loader
+from flows.train.batching import (
+    Data,
+    as_tensors,
+    batch_size_of,
+    epoch_batches,
+    on_device,
+    steps_in_epoch,
+    train_loader,
+    val_loader,
+)
 from flows.train.callbacks import Callback, bar_output, progress_bar
+from flows.train.checkpoint import capture_rng_state, restore_rng_state, training_state_problem
 from flows.train.distributed import ObjectiveModule, all_reduce_weighted_mean, get_rank, get_world_size
 from flows.train.guard import (
     NonFiniteGuard,
     TrainingDiverged,
-    TrainingWarning,
     all_finite,
     global_grad_norm,
     state_tensors,
 )
 from flows.train.history import History
-from flows.train.objectives import MaximumLikelihood, Objective, _as_output, batch_size_of
-from flows.train.resume import load_trainer_state, resume_trainer, save_trainer, stop_on_signals, trainer_state
+from flows.train.objectives import MaximumLikelihood, Objective, ObjectiveOutput, objective_output
+from flows.train.resume import resume_trainer, save_trainer, stop_on_signals
 
 __all__ = ["FIRST_CHECKPOINT_SECONDS", "Trainer"]
 
@@ -122,7 +133,10 @@ class Trainer:
         for cb in callbacks:
             if not isinstance(cb, Callback):
                 raise TypeError(f"Trainer: expected Callback instances, got {type(cb).__name__}")
+        if compile is not False:
+            compile_options(compile)  # refuse bad options before anything is built
         self.model = model
+        self._parallel: nn.Module | None = None  # the DDP module of a multi-process run
         self.objective = objective if objective is not None else MaximumLikelihood()
         params = [p for p in model.parameters() if p.requires_grad]
         if isinstance(optimizer, Optimizer):
@@ -158,12 +172,14 @@ class Trainer:
         self.rank, self.world_size = get_rank(), get_world_size()
         self.device = next((p.device for p in model.parameters()), torch.device("cpu"))
         self._params = params
-        self._forward: Callable[[object], Any] = lambda batch: self.objective(self.model, batch)
+        # The step's call into the objective: objective(model, batch) itself, through DDP in a
+        # multi-process run (its module's forward is that call) and torch.compile when asked for.
+        self._forward: Callable[[object], ObjectiveOutput] = self._call_objective
         if self.world_size > 1:
-            self._forward = ObjectiveModule(model, self.objective).parallel(self.device, find_unused_parameters)
-        self._eager_forward = self._forward
+            self._parallel = ObjectiveModule(model, self._objective).parallel(self.device, find_unused_parameters)
+            self._forward = self._parallel
         if compile is not False:
-            self._forward = _compiled(self._forward, compile)
+            self._forward = CompiledForward(self._forward, compile)
 
     # -- properties ------------------------------------------------------------------------------
     @property
@@ -172,18 +188,105 @@ class Trainer:
         return self.rank == 0
 
     @property
+    def objective(self) -> Objective | Callable[..., Any]:
+        """The objective: a callable ``objective(model, batch) -> loss | (loss, metrics)`` (assignable between fits)."""
+        return self._objective
+
+    @objective.setter
+    def objective(self, objective: Objective | Callable[..., Any]) -> None:
+        if not callable(objective):
+            raise TypeError(f"Trainer: expected a callable objective(model, batch), got {type(objective).__name__}")
+        self._objective = objective
+        if self._parallel is not None:  # the DDP module calls its own reference
+            delattr(self._parallel.module, "objective")  # (a module objective is a submodule there)
+            self._parallel.module.objective = objective
+
+    @property
     def lr(self) -> float:
         """Current learning rate of the first parameter group."""
         return float(self.optimizer.param_groups[0]["lr"])
 
     # -- state -----------------------------------------------------------------------------------
     def state_dict(self) -> dict[str, Any]:
-        """Everything an exact resume needs (tensors and plain containers only)."""
-        return trainer_state(self)
+        """Everything an exact resume needs, as tensors and plain containers (what checkpoints hold).
+
+        The entries (the on-disk layout of training checkpoints, see :mod:`flows.train.checkpoint`):
+
+        * ``"trainer"``: the counters ``epoch`` (completed epochs), ``epoch_step`` (the position
+          inside the current epoch, which is also the data loader's position), ``step``,
+          ``elapsed`` (training seconds), and the running sums of the unfinished epoch's metrics
+          (``epoch_sums``, ``epoch_count``);
+        * ``"model"``, ``"optimizer"``, ``"scheduler"`` (``None`` without one), ``"guard"`` (the NaN
+          guard's counters, ``None`` without a guard; its in-memory snapshot is not saved: a loaded
+          trainer snapshots its loaded state when :meth:`fit` starts), ``"callbacks"`` (one state
+          per callback, in order), ``"history"``;
+        * ``"rng"``: the states of torch's (CPU and CUDA), NumPy's and Python's global generators,
+          which drive shuffling, dequantization noise and any sampling inside the objective.
+
+        As with :meth:`torch.nn.Module.state_dict`, model and optimizer tensors are references,
+        not copies: copy the dict (``copy.deepcopy``) to keep it while training goes on.
+        Everything loads under ``torch.load(weights_only=True)``.
+
+        Taken between steps (in a callback, or after :meth:`fit` returns) it continues exactly.
+        After :meth:`fit`, though, a callback that loads the best weights at the end
+        (:class:`~flows.train.EarlyStopping`) has replaced the training weights: the checkpoint
+        that :meth:`fit` writes before ``on_fit_end``, or a state taken in the ``on_fit_end`` of a
+        callback listed before it, holds the training state.
+        """
+        return {
+            "trainer": {
+                "epoch": self.epoch,
+                "epoch_step": self.epoch_step,
+                "step": self.step,
+                "elapsed": self.elapsed,
+                "epoch_sums": dict(self._epoch_sums),
+                "epoch_count": self._epoch_count,
+            },
+            "model": self.model.state_dict(),
+            "optimizer": self.optimizer.state_dict(),
+            "scheduler": self.scheduler.state_dict() if self.scheduler is not None else None,
+            "guard": self.guard.state_dict() if self.guard is not None else None,
+            "callbacks": [cb.state_dict() for cb in self.callbacks],
+            "history": self.history.state_dict(),
+            "rng": capture_rng_state(),
+        }
 
     def load_state_dict(self, state: dict[str, Any]) -> None:
-        """Restore what :meth:`state_dict` returned (model, optimizer, counters, RNG states, ...)."""
-        load_trainer_state(self, state)
+        """Restore what :meth:`state_dict` returned; the next :meth:`fit` continues that run exactly.
+
+        The trainer must have the same kind of model, optimizer, scheduler and the same callbacks
+        as the one that saved ``state``; call :meth:`fit` with the same data, batch size and seed.
+        The global random generators are set to the saved states.
+
+        Raises:
+            ValueError: for a state that lacks entries, or holds state for another number of
+                callbacks; errors of the model's, optimizer's or scheduler's ``load_state_dict``
+                propagate.
+        """
+        problem = training_state_problem(state)
+        if problem is not None:
+            raise ValueError(f"Trainer.load_state_dict: {problem}")
+        if len(state["callbacks"]) != len(self.callbacks):
+            raise ValueError(
+                f"Trainer.load_state_dict: the state has state for {len(state['callbacks'])} callbacks, this trainer "
+                f"has {len(self.callbacks)}; resume with the same callbacks"
+            )
+        counters = state["trainer"]
+        self.model.load_state_dict(state["model"])
+        self.optimizer.load_state_dict(state["optimizer"])
+        if self.scheduler is not None and state["scheduler"] is not None:
+            self.scheduler.load_state_dict(state["scheduler"])
+        if self.guard is not None and state["guard"] is not None:
+            self.guard.load_state_dict(state["guard"])
+        for cb, cb_state in zip(self.callbacks, state["callbacks"], strict=True):
+            cb.load_state_dict(cb_state)
+        self.history.load_state_dict(state["history"])
+        self.epoch, self.epoch_step = int(counters["epoch"]), int(counters["epoch_step"])
+        self.step = int(counters["step"])
+        self.elapsed = float(counters["elapsed"])
+        self._epoch_sums = {str(k): float(v) for k, v in counters["epoch_sums"].items()}
+        self._epoch_count = int(counters["epoch_count"])
+        restore_rng_state(state["rng"])
 
     def save(self, path: str | os.PathLike | None = None) -> Path | None:
         """Write a resumable checkpoint atomically (rank 0 only; returns the path, ``None`` elsewhere)."""
@@ -298,7 +401,7 @@ class Trainer:
                         cb.on_epoch_start(self)
                 finished_epoch = True
                 served = 0
-                for batch in epoch_batches(loader, self.epoch, self.epoch_step, steps_per_epoch):
+                for batch in epoch_batches(loader, self.epoch, self.epoch_step, steps_per_epoch, self.device):
                     served += 1
                     metrics = self._step(batch)
                     self.epoch_step += 1
@@ -366,7 +469,8 @@ class Trainer:
         """
         if self.world_size == 1:
             return
-        self._forward = self._eager_forward = lambda batch: self.objective(self.model, batch)
+        self._parallel = None
+        self._forward = self._call_objective
         self.world_size = 1  # the rank stays: only rank 0 writes files
 
     def _agree(self, flag: bool) -> bool:
@@ -377,45 +481,33 @@ class Trainer:
         dist.all_reduce(t, op=dist.ReduceOp.MAX)
         return bool(t.item())
 
-    def _run_forward(self, batch: object, aux: AuxiliaryLosses) -> Any:
-        """The objective on ``batch``, compiled if asked for.
+    def _call_objective(self, batch: object) -> ObjectiveOutput:
+        """``objective(model, batch)``: the eager form of the step's call into the objective."""
+        return self._objective(self.model, batch)
 
-        A compiled run's input-check failure is re-raised in full by an eager run. A model that
-        ``torch.compile`` cannot handle is trained eagerly from then on, with a warning.
+    def _objective_loss(self, batch: object) -> tuple[Tensor, Tensor, dict[str, Tensor]]:
+        """One call into the objective, with the auxiliary losses the model's layers add during it.
+
+        Returns:
+            ``(loss, total, metrics)``: the objective's loss, the loss to minimise (``loss`` plus
+            the auxiliary terms), and the metrics to log (the objective's and ``aux_<name>``).
         """
-        if self._forward is self._eager_forward:
-            return self._forward(batch)
-        rng = torch.random.get_rng_state()  # a failed compilation may have drawn numbers: redraw them alike
         try:
-            return self._forward(batch)
-        except RuntimeError as error:
-            if NON_FINITE_MESSAGE in str(error):
-                self._eager_forward(batch)  # raises the eager check's ValueError (count and location)
-                raise
-            if not isinstance(error, torch._dynamo.exc.TorchDynamoException):
-                raise
-            first = (str(error).strip().splitlines() or [""])[0][:300]
-            warnings.warn(
-                f"Trainer: torch.compile could not compile this model ({type(error).__name__}: {first}); "
-                "training continues without compilation",
-                TrainingWarning,
-                stacklevel=4,
-            )
-            self._forward = self._eager_forward
-            aux.terms.clear()  # terms a partial compiled run may have added
-            torch.random.set_rng_state(rng)
-            return self._forward(batch)
+            with AuxiliaryLosses() as aux:
+                out = self._forward(batch)
+        except CompilerRejected:  # warned; the same step again, eagerly, without the failed attempt's terms
+            with AuxiliaryLosses() as aux:
+                out = self._forward(batch)
+        loss, metrics = objective_output(out)
+        if not len(aux):
+            return loss, loss, metrics
+        extra = {f"aux_{name}": value.detach() for name, value in aux.by_name().items()}
+        return loss, loss + aux.total(), {**metrics, **extra}
 
     def _step(self, batch: object) -> dict[str, float]:
-        if self.device.type != "cpu":  # CPU batches are where a CPU model needs them
-            batch = to_device(batch, self.device)
+        """One optimizer step on ``batch`` (already on the model's device), guarded against non-finite values."""
         self.step += 1
-        with AuxiliaryLosses() as aux:
-            loss, metrics = _as_output(self._run_forward(batch, aux))
-        total = loss
-        if len(aux):
-            total = loss + aux.total()
-            metrics = {**metrics, **{f"aux_{name}": value.detach() for name, value in aux.by_name().items()}}
+        loss, total, metrics = self._objective_loss(batch)
         value = float(total.detach())
         finite = math.isfinite(value)
         if not finite and self.guard is None:
@@ -503,10 +595,10 @@ class Trainer:
         )
         count = loader.num_samples if isinstance(loader, TensorLoader) else 1
         with evaluating(self.model), torch.no_grad():
-            batches = (to_device(b, self.device) for b in loader)
-            evaluate = getattr(self.objective, "evaluate", None)
+            batches = on_device(loader, self.device)
+            evaluate = getattr(self._objective, "evaluate", None)
             if evaluate is None:  # a plain callable objective: average its loss
-                metrics = Objective.evaluate(self.objective, self.model, batches)
+                metrics = Objective.evaluate(self._objective, self.model, batches)
             else:
                 metrics = evaluate(self.model, batches)
         return all_reduce_weighted_mean(metrics, float(count), self.device)
@@ -523,17 +615,3 @@ def default_optimizer(params: Iterable[nn.Parameter], lr: float = 1e-3) -> Optim
     params = list(params)
     fusable = all(p.is_floating_point() and p.device.type in ("cpu", "cuda") for p in params)
     return torch.optim.Adam(params, lr=lr, fused=True) if fusable else torch.optim.Adam(params, lr=lr)
-
-
-def _compiled(forward: Callable[[object], Any], options: bool | dict[str, Any]) -> Callable[[object], Any]:
-    """``forward`` under :func:`torch.compile`, with ``options`` its keyword arguments (``True``: defaults)."""
-    if options is True:
-        options = {}
-    if not isinstance(options, dict):
-        raise TypeError(f"Trainer: expected compile to be a bool or a dict of torch.compile arguments, got {options!r}")
-    options = dict(options)
-    if options.get("backend", "inductor") == "inductor" and "mode" not in options:
-        # Inductor's own CPU random numbers are several times slower than the eager generator here
-        # and would not follow torch.manual_seed; fall back to the eager draws.
-        options["options"] = {"fallback_random": True, **options.get("options", {})}
-    return torch.compile(forward, **options)
