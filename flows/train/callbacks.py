@@ -219,7 +219,7 @@ class MetricsLogger(Callback):
 
 
 def _summary_writer(log_dir: Path, purge_step: int | None) -> Any:
-    """``torch.utils.tensorboard.SummaryWriter`` (imported here: it costs ~1 s and needs ``tensorboard``)."""
+    """``torch.utils.tensorboard.SummaryWriter``, imported here (slow: ``docs/ecosystem.md``; needs ``tensorboard``)."""
     from torch.utils.tensorboard import SummaryWriter
 
     return SummaryWriter(str(log_dir), purge_step=purge_step)
