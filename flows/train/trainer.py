@@ -608,8 +608,9 @@ def default_optimizer(params: Iterable[nn.Parameter], lr: float = 1e-3) -> Optim
     """Adam with learning rate ``lr``, in its fused single-kernel form where the parameters allow it.
 
     The fused implementation updates every parameter in one pass per tensor, faster than the
-    multi-tensor (``foreach``) one on CPU (measured in ``docs/guide/training.md``). Complex parameters, or parameters on devices other than CPU
-    and CUDA, get the default implementation.
+    multi-tensor (``foreach``) one on CPU (measured in ``docs/guide/training.md``).
+    Complex parameters, or parameters on devices other than CPU and CUDA, get the default
+    implementation.
     """
     params = list(params)
     fusable = all(p.is_floating_point() and p.device.type in ("cpu", "cuda") for p in params)
