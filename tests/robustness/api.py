@@ -457,7 +457,7 @@ def _target_recipes() -> dict[str, Callable[[], object]]:
     }
 
 
-_ABSTRACT_TARGETS = {"EnergyTarget", "ParticleSystem"}
+_ABSTRACT_TARGETS = {"Energy", "EnergyTarget", "ParticleSystem"}  # the protocol and the base classes
 
 
 def _make_target(name: str):
