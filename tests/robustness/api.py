@@ -281,7 +281,7 @@ def _registry_attacks() -> list[Attack]:
 
 _SMALL = {"transforms": 1, "hidden": (8,)}
 _BUILDER_ARGS: dict[str, tuple[tuple, dict]] = {
-    "Glow": (((1, 4, 4),), {"levels": 1, "steps": 1, "hidden": 4}),
+    "Glow": (((1, 4, 4),), {"levels": 1, "steps": 1, "hidden": (4, 4)}),
     "FFJORD": ((3,), {"hidden": (8,), "rtol": 1e-3, "atol": 1e-3, "trace": "exact"}),
     "FreeFormInjectiveFlow": ((3,), {"latent_features": 2, "hidden": (8,)}),
 }
@@ -297,8 +297,6 @@ def _build(name: str, context: int = 0, **override):
     cls = _builders()[name]
     args, kwargs = _BUILDER_ARGS.get(name, ((3,), dict(_SMALL)))
     kwargs = {**kwargs, **override}
-    if "hidden" in override and name == "Glow":
-        kwargs["hidden"] = override["hidden"][0] if isinstance(override["hidden"], tuple) else override["hidden"]
     torch.manual_seed(0)
     return cls(*args, context, **kwargs) if context else cls(*args, **kwargs)
 
