@@ -557,11 +557,11 @@ def _kernel_recipes() -> dict[str, Callable[[object], object]]:
     return {
         "RandomWalk": lambda t: mcmc.RandomWalk(t),
         "MALA": lambda t: mcmc.MALA(t),
-        "HMC": lambda t: mcmc.HMC(t, n_leapfrog=2),
+        "HMC": lambda t: mcmc.HMC(t, leapfrog_steps=2),
         "IMH": lambda t: mcmc.IMH(t, flow()),
         "ISIR": lambda t: mcmc.ISIR(t, flow(), n_proposals=2),
         "NeuTra": lambda t: mcmc.NeuTra(t, flow()),
-        "GlobalLocal": lambda t: mcmc.GlobalLocal(mcmc.IMH(t, flow()), mcmc.MALA(t), n_local=1),
+        "GlobalLocal": lambda t: mcmc.GlobalLocal(mcmc.IMH(t, flow()), mcmc.MALA(t), local_steps=1),
     }
 
 
