@@ -37,8 +37,8 @@ def _name(builder: str) -> str:
     [
         ({"hidden": 64}, TypeError, r"expected hidden to be a sequence of layer widths such as \(64, 64\), got 64"),
         ({"hidden": "64"}, TypeError, "expected hidden to be a sequence of layer widths"),
-        ({"hidden": (8, 0)}, ValueError, r"expected hidden to be .*positive int widths, got \(8, 0\)"),
-        ({"hidden": (8.5,)}, ValueError, r"expected hidden to be .*positive int widths, got \(8.5,\)"),
+        ({"hidden": (8, 0)}, ValueError, r"expected hidden to be positive int widths.*, got \(8, 0\)"),
+        ({"hidden": (8.5,)}, ValueError, r"expected hidden to be positive int widths.*, got \(8.5,\)"),
         ({"context": -1}, ValueError, "expected context to be an int >= 0, got -1"),
         ({"context": 1.5}, ValueError, "expected context to be an int >= 0, got 1.5"),
         (
@@ -73,7 +73,10 @@ def test_transforms_must_be_a_positive_int(builder: str, transforms: object) -> 
         (lambda: MAF("3"), "MAF: expected features to be an int >= 1, got '3'"),
         (lambda: FFJORD(0), "FFJORD: expected features to be an int >= 1, got 0"),
         (lambda: FreeFormInjectiveFlow(0, latent_features=1), "FreeFormInjectiveFlow: expected features to be an int"),
-        (lambda: MAF(3, hidden=()), r"MAF: expected hidden to be at least 1 positive int widths, got \(\)"),
+        (
+            lambda: MAF(3, hidden=()),
+            r"MAF: expected hidden to be positive int widths \(at least 1 hidden layer\), got \(\)",
+        ),
         (lambda: FreeFormInjectiveFlow(3, latent_features=2, beta=-1.0), "expected beta to be a finite number >= 0"),
         (lambda: FreeFormInjectiveFlow(3, latent_features=2, noise=float("nan")), "expected noise to be a finite"),
         (lambda: Glow((1, 4, 4), levels=1, steps=0), "Glow: expected steps to be an int >= 1, got 0"),
@@ -82,7 +85,10 @@ def test_transforms_must_be_a_positive_int(builder: str, transforms: object) -> 
         (lambda: Glow((1, 4, 4), levels=1, context=-2), "Glow: expected context to be an int >= 0, got -2"),
         (lambda: Glow((1, 4, 4), levels=1, activation=nn.ReLU()), "Glow: expected activation to be a module class"),
         (lambda: EquivariantCNF(3, 2, hidden=(8, 4)), r"EquivariantCNF: expected equal hidden widths .*got \(8, 4\)"),
-        (lambda: EquivariantCNF(3, 2, hidden=()), r"EquivariantCNF: expected hidden to be at least 1 positive"),
+        (
+            lambda: EquivariantCNF(3, 2, hidden=()),
+            r"EquivariantCNF: expected hidden to be positive int widths \(at least 1 hidden layer\), got \(\)",
+        ),
     ],
 )
 def test_other_builders_use_the_same_checks(build, message: str) -> None:

@@ -101,8 +101,10 @@ def check_hidden(who: str, hidden: Any, *, minimum_layers: int = 0, int_layers: 
     if isinstance(hidden, (str, bytes)) or not isinstance(hidden, Sequence):
         raise TypeError(f"{who}: expected hidden to be a sequence of layer widths such as (64, 64), got {hidden!r}")
     if not all(_is_int(h) and h >= 1 for h in hidden) or len(hidden) < minimum_layers:
-        layers = f"at least {minimum_layers} " if minimum_layers else ""
-        raise ValueError(f"{who}: expected hidden to be {layers}positive int widths, got {tuple(hidden)!r}")
+        layers = (
+            f" (at least {minimum_layers} hidden layer{'s' if minimum_layers > 1 else ''})" if minimum_layers else ""
+        )
+        raise ValueError(f"{who}: expected hidden to be positive int widths{layers}, got {tuple(hidden)!r}")
     return tuple(int(h) for h in hidden)
 
 
