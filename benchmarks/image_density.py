@@ -64,7 +64,7 @@ def ours(split: str, mixer: str, args: argparse.Namespace, **options) -> Callabl
             SHAPE,
             levels=args.levels,
             steps=args.steps,
-            hidden=args.hidden,
+            hidden=(args.hidden, args.hidden),
             split=split,
             mixer=mixer,
             logit_alpha=ALPHA,

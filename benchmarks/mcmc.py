@@ -97,7 +97,7 @@ def compare(
     gl = GlobalLocal(
         IMH(counter, flow),
         MALA(counter, step_size),
-        n_local=N_LOCAL,
+        local_steps=N_LOCAL,
         train=True,
         lr=lr,
         train_steps=train_steps,

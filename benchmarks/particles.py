@@ -220,7 +220,7 @@ def table(system: str, args) -> dict:
         if name.startswith("generic"):
             flow = _generic_flow(n, d, egnn_params, args.layers, args.rtol)
         else:
-            flow = EquivariantCNF(n, d, hidden=args.hidden, layers=args.layers, rtol=args.rtol, atol=args.atol)
+            flow = EquivariantCNF(n, d, hidden=(args.hidden,) * args.layers, rtol=args.rtol, atol=args.atol)
         row = _train(flow, data, method, args.budget, args, coupling)
         row["params"] = sum(p.numel() for p in flow.parameters())
         start = time.perf_counter()

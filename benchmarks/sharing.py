@@ -27,10 +27,10 @@ from flows.train import MaximumLikelihood, Trainer
 from flows.train.runs import evaluate_log_likelihood
 
 GLOW_MODELS = {
-    "glow unshared h=32": {"hidden": 32},
-    "glow unshared h=64": {"hidden": 64},
-    "glow shared h=64": {"hidden": 64, "share_conditioner": True},
-    "glow shared h=96": {"hidden": 96, "share_conditioner": True},
+    "glow unshared h=32": {"hidden": (32, 32)},
+    "glow unshared h=64": {"hidden": (64, 64)},
+    "glow shared h=64": {"hidden": (64, 64), "share_conditioner": True},
+    "glow shared h=96": {"hidden": (96, 96), "share_conditioner": True},
 }
 
 MODELS = {

@@ -80,7 +80,7 @@ def main(argv: list[str] | None = None) -> dict[str, float]:
     n, d = target.n_particles, target.spatial_dim
     data = target.reference_samples(split, args.data_dir)
     test = target.reference_samples("test", args.data_dir)[: args.test]
-    flow = EquivariantCNF(n, d, hidden=args.hidden, layers=args.layers, rtol=args.tol, atol=args.tol)
+    flow = EquivariantCNF(n, d, hidden=(args.hidden,) * args.layers, rtol=args.tol, atol=args.tol)
     couplings = {
         "equivariant-ot": EquivariantOTCoupling(n, d, candidates=args.candidates),
         "aligned": EquivariantOTCoupling(n, d, ot=False),

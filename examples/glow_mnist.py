@@ -177,7 +177,7 @@ def main(argv: list[str] | None = None) -> dict:
         shape,
         levels=args.levels,
         steps=args.steps,
-        hidden=args.hidden,
+        hidden=(args.hidden, args.hidden),
         split=args.split,
         mixer=args.mixer,
         logit_alpha=args.alpha,

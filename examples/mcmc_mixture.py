@@ -61,7 +61,7 @@ def main(argv: list[str] | None = None) -> dict[str, float]:
         "MALA": (lambda: MALA(counter, 0.5), args.budget),
         "global-local": (
             lambda: GlobalLocal(
-                IMH(counter, flow), MALA(counter, 0.5), n_local=n_local, train=True, train_steps=2, batch_size=512
+                IMH(counter, flow), MALA(counter, 0.5), local_steps=n_local, train=True, train_steps=2, batch_size=512
             ),
             args.budget // (n_local + 1),
         ),

@@ -243,7 +243,9 @@ def test_bad_arguments() -> None:
         MaskedAutoregressive(3, transformer=AffineTransformer(), conditioner=MADE(3, 9))
     with pytest.raises(ValueError, match="MAF: expected features to be an int >= 1, got 0"):
         MAF(0)
-    with pytest.raises(ValueError, match="NSF: expected features to be an int >= 2, got 1"):
+    with pytest.raises(
+        ValueError, match=r"NSF: expected features to be an int >= 2 \(couplings need two parts\), got 1"
+    ):
         NSF(1, coupling=True)
     with pytest.raises(ValueError, match="IAF: expected transforms to be an int >= 1, got 0"):
         IAF(3, transforms=0)

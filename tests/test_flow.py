@@ -118,7 +118,7 @@ def test_two_dimensional_density_integrates_to_one(builder) -> None:
 def test_builders_validate_arguments() -> None:
     with pytest.raises(ValueError, match="features to be an int >= 2"):
         RealNVP(1)
-    with pytest.raises(ValueError, match="transforms >= 1"):
+    with pytest.raises(ValueError, match="NICE: expected transforms to be an int >= 1, got 0"):
         NICE(4, transforms=0)
 
 

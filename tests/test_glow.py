@@ -17,7 +17,7 @@ from flows.testing import perturb_parameters
 def _trained_like(seed: int = 0, **options) -> flows.Glow:
     """A float64 Glow on 8×8 images with ActNorm initialised and parameters away from the identity."""
     torch.manual_seed(seed)
-    options = {"levels": 2, "steps": 2, "hidden": 8, **options}
+    options = {"levels": 2, "steps": 2, "hidden": (8, 8), **options}
     context = options.pop("context", 0)
     g = flows.Glow((1, 8, 8), context, **options).double()
     c = torch.randn(32, context, dtype=torch.float64) if context else None
@@ -78,7 +78,7 @@ def test_class_conditional_glow() -> None:
 
 
 def test_eiw_glow_hands_its_regulariser_to_the_trainer_and_eval_changes_nothing() -> None:
-    g = _trained_like(split="eiw", levels=3, steps=1, hidden=4, logit_alpha=None)
+    g = _trained_like(split="eiw", levels=3, steps=1, hidden=(4, 4), logit_alpha=None)
     shuffles = [m for m in g.modules() if isinstance(m, flows.EIWShuffle)]
     assert len(shuffles) == 2 and [s.split for s in shuffles] == [2, 4]
     x = torch.randn(16, 1, 8, 8, dtype=torch.float64)
@@ -95,7 +95,7 @@ def test_eiw_glow_hands_its_regulariser_to_the_trainer_and_eval_changes_nothing(
 
 def test_state_dict_restores_actnorm_and_eiw_buffers() -> None:
     g = _trained_like(split="eiw")
-    fresh = flows.Glow((1, 8, 8), levels=2, steps=2, hidden=8, split="eiw").double()
+    fresh = flows.Glow((1, 8, 8), levels=2, steps=2, hidden=(8, 8), split="eiw").double()
     fresh.load_state_dict(g.state_dict())
     fresh.eval()
     x = torch.rand(3, 1, 8, 8, dtype=torch.float64)
@@ -104,7 +104,7 @@ def test_state_dict_restores_actnorm_and_eiw_buffers() -> None:
 
 def test_bits_per_dim_of_an_untrained_glow_is_close_to_the_uniform_density() -> None:
     """At initialisation every coupling and prior is the identity: only the logit, ActNorm and the base count."""
-    g = flows.Glow((1, 8, 8), levels=2, steps=1, hidden=4, logit_alpha=0.05)
+    g = flows.Glow((1, 8, 8), levels=2, steps=1, hidden=(4, 4), logit_alpha=0.05)
     v = torch.randint(0, 17, (256, 1, 8, 8))
     x = flows.data.uniform_dequantize(v, 17)
     with flows.evaluating(g), torch.no_grad():
@@ -125,9 +125,9 @@ def test_glow_arguments_and_inputs_are_checked() -> None:
         flows.Glow((1, 8, 8), split="random")
     with pytest.raises(ValueError, match="expected coupling in"):
         flows.Glow((1, 8, 8), coupling="spline")
-    with pytest.raises(ValueError, match="expected levels >= 1 and steps >= 1"):
+    with pytest.raises(ValueError, match="Glow: expected steps to be an int >= 1, got 0"):
         flows.Glow((1, 8, 8), steps=0)
-    g = flows.Glow((1, 8, 8), levels=1, steps=1, hidden=4)
+    g = flows.Glow((1, 8, 8), levels=1, steps=1, hidden=(4, 4))
     with pytest.raises(ValueError, match=r"expected inputs in \[0, 1\] \(dequantized images\)"):
         g.log_prob(torch.full((2, 1, 8, 8), 255.0))
     with pytest.raises(ValueError, match=r"expected input of shape \(\*batch, 1, 8, 8\)"):

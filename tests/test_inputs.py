@@ -144,7 +144,7 @@ def test_particle_targets_sample_in_float64_end_to_end(make, kernel: str) -> Non
     flow = Flow(LULinear(dim), StandardNormal(dim)).double()
     kernels = {
         "MALA": lambda: MALA(target, 1e-4),
-        "HMC": lambda: HMC(target, 1e-3, n_leapfrog=2),
+        "HMC": lambda: HMC(target, 1e-3, leapfrog_steps=2),
         "NeuTra": lambda: NeuTra(target, flow, step_size=1e-4),
         "IMH": lambda: IMH(target, flow),
     }
@@ -174,14 +174,14 @@ def _flow() -> Flow:
 KERNELS = {
     "RandomWalk": lambda t: RandomWalk(t),
     "MALA": lambda t: MALA(t),
-    "HMC": lambda t: HMC(t, n_leapfrog=2),
+    "HMC": lambda t: HMC(t, leapfrog_steps=2),
     "NeuTra-MALA": lambda t: NeuTra(t, _flow()),
-    "NeuTra-HMC": lambda t: NeuTra(t, _flow(), inner=HMC, n_leapfrog=2),
+    "NeuTra-HMC": lambda t: NeuTra(t, _flow(), inner=HMC, leapfrog_steps=2),
     "NeuTra-RandomWalk": lambda t: NeuTra(t, _flow(), inner=RandomWalk),
     "IMH": lambda t: IMH(t, _flow()),
     "ISIR": lambda t: ISIR(t, _flow(), n_proposals=2),
-    "GlobalLocal": lambda t: GlobalLocal(IMH(t, _flow()), MALA(t), n_local=1),
-    "GlobalLocal-train": lambda t: GlobalLocal(ISIR(t, _flow()), HMC(t), n_local=1, train=True),
+    "GlobalLocal": lambda t: GlobalLocal(IMH(t, _flow()), MALA(t), local_steps=1),
+    "GlobalLocal-train": lambda t: GlobalLocal(ISIR(t, _flow()), HMC(t), local_steps=1, train=True),
 }
 
 

@@ -144,13 +144,15 @@ def _kernels(target: Gaussian) -> dict[str, Kernel]:
         "IMH": IMH(target, imperfect_flow(target)),
         "ISIR": ISIR(target, imperfect_flow(target), n_proposals=3),
         "NeuTra-MALA": NeuTra(target, imperfect_flow(target), step_size=0.6, **fixed),
-        "NeuTra-HMC": NeuTra(target, imperfect_flow(target), inner=HMC, step_size=0.5, n_leapfrog=3, **fixed),
-        "GlobalLocal-IMH-MALA": GlobalLocal(IMH(target, imperfect_flow(target)), MALA(target, 0.3, **fixed), n_local=2),
+        "NeuTra-HMC": NeuTra(target, imperfect_flow(target), inner=HMC, step_size=0.5, leapfrog_steps=3, **fixed),
+        "GlobalLocal-IMH-MALA": GlobalLocal(
+            IMH(target, imperfect_flow(target)), MALA(target, 0.3, **fixed), local_steps=2
+        ),
         "GlobalLocal-ISIR-HMC": GlobalLocal(
-            ISIR(target, imperfect_flow(target), n_proposals=2), HMC(target, 0.3, 3, **fixed), n_local=1
+            ISIR(target, imperfect_flow(target), n_proposals=2), HMC(target, 0.3, 3, **fixed), local_steps=1
         ),
         "GlobalLocal-IMH-RandomWalk": GlobalLocal(
-            IMH(target, imperfect_flow(target)), RandomWalk(target, 0.8, **fixed), n_local=2
+            IMH(target, imperfect_flow(target)), RandomWalk(target, 0.8, **fixed), local_steps=2
         ),
         "GlobalLocal-IMH-NeuTra": GlobalLocal(
             IMH(target, imperfect_flow(target)), NeuTra(target, imperfect_flow(target), step_size=0.6, **fixed)
@@ -441,7 +443,7 @@ def test_global_local_with_online_training_equilibrates_mode_weights() -> None:
     assert abs(float(mode_weights(mala.samples, means)[0]) - 0.9) < 0.02
 
     flow = Flow(Affine(2), StandardNormal(2)).double()  # a trainable Gaussian proposal
-    kernel = GlobalLocal(IMH(target, flow), MALA(target), n_local=4, train=True, lr=0.05, train_steps=2)
+    kernel = GlobalLocal(IMH(target, flow), MALA(target), local_steps=4, train=True, lr=0.05, train_steps=2)
     trace = sample(kernel, start, 60, warmup=60)
     weight = float(mode_weights(trace.samples[-20:], means)[0])
     assert abs(weight - 0.5) < 0.08, weight
@@ -454,7 +456,7 @@ def test_global_local_trains_a_realnvp_flow_towards_the_target() -> None:
     torch.manual_seed(7)
     target = Gaussian(torch.full((2,), 2.0, dtype=torch.float64), torch.eye(2, dtype=torch.float64))
     flow = RealNVP(2, transforms=2, hidden=(16,)).double()
-    kernel = GlobalLocal(IMH(target, flow), MALA(target), n_local=2, train=True, lr=1e-2, train_steps=2)
+    kernel = GlobalLocal(IMH(target, flow), MALA(target), local_steps=2, train=True, lr=1e-2, train_steps=2)
     before = sample(IMH(target, flow), target.sample(128), 5).acceptance_rate()
     sample(kernel, target.sample(128), 0, warmup=100)
     after = sample(IMH(target, flow), target.sample(128), 5).acceptance_rate()
@@ -507,7 +509,7 @@ def test_bad_arguments_raise_clear_errors() -> None:
         MALA(lambda x: x)
     with pytest.raises(ValueError, match="expected a positive finite step_size"):
         MALA(target, step_size=0.0)
-    with pytest.raises(ValueError, match="expected n_leapfrog to be a positive int"):
+    with pytest.raises(ValueError, match="HMC: expected leapfrog_steps to be a positive int"):
         HMC(target, 0.1, 0)
     with pytest.raises(ValueError, match="expected n_proposals to be a positive int"):
         ISIR(target, flow, n_proposals=0)

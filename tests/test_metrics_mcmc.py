@@ -108,7 +108,7 @@ def test_metric_input_errors() -> None:
 def test_plots_of_a_global_local_trace(tmp_path) -> None:
     torch.manual_seed(0)
     target = correlated_gaussian()
-    kernel = GlobalLocal(IMH(target, imperfect_flow(target)), MALA(target), n_local=2)
+    kernel = GlobalLocal(IMH(target, imperfect_flow(target)), MALA(target), local_steps=2)
     trace = sample(kernel, target.sample(6), 20)
     fig = plot_trace(trace, tmp_path / "trace.png", dims=[0, 2], title="trace")
     assert len(fig.axes) == 3  # two coordinates and the acceptance panel

@@ -167,7 +167,7 @@ def test_egnn_rejects_bad_shapes() -> None:
 def test_log_prob_invariant_under_the_symmetry_group() -> None:
     n, d = 4, 2
     torch.manual_seed(0)
-    flow = EquivariantCNF(n, d, hidden=8, layers=2, rtol=1e-11, atol=1e-11).double()
+    flow = EquivariantCNF(n, d, hidden=(8, 8), rtol=1e-11, atol=1e-11).double()
     with torch.no_grad():
         for p in flow.parameters():
             p.add_(0.1 * torch.randn_like(p))
@@ -402,7 +402,7 @@ def test_nll_conventions_match_published_pairs() -> None:
 
 def test_particle_nll_and_boltzmann_evaluation() -> None:
     torch.manual_seed(0)
-    flow = EquivariantCNF(4, 2, hidden=8, layers=1, rtol=1e-6, atol=1e-6)
+    flow = EquivariantCNF(4, 2, hidden=(8,), rtol=1e-6, atol=1e-6)
     x = torch.randn(6, 8) * 2
     nll = particle_nll(flow, x, batch_size=4)
     assert nll.dtype == F64 and nll.shape == (6,) and flow._anchor.dtype == torch.float32
@@ -428,7 +428,7 @@ def test_boltzmann_evaluation_standard_error_survives_samples_of_huge_energy() -
             return torch.where(torch.arange(len(x)) % 2 == 0, u, torch.full_like(u, 1e30))
 
     torch.manual_seed(0)
-    flow = EquivariantCNF(4, 2, hidden=8, layers=1, rtol=1e-5, atol=1e-5)
+    flow = EquivariantCNF(4, 2, hidden=(8,), rtol=1e-5, atol=1e-5)
     result = boltzmann_evaluation(flow, Clashing(), 20, batch_size=20, dtype=torch.float32)
     assert math.isfinite(result.mean_energy[0]) and math.isfinite(result.mean_energy[1])
     assert result.mean_energy[0] < 1e3  # the clashing half has no weight

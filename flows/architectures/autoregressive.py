@@ -9,10 +9,12 @@ MADE masks, not in permutation layers.
 from __future__ import annotations
 
 from collections.abc import Callable, Sequence
+from typing import Any
 
 import torch
 from torch import Tensor, nn
 
+from flows.architectures._arguments import check_builder
 from flows.bijections.autoregressive import MaskedAutoregressive
 from flows.bijections.base import Bijection, Chain, Inverse
 from flows.bijections.coupling import Coupling, alternating_mask
@@ -25,13 +27,6 @@ from flows.distributions import StandardNormal
 from flows.flow import Flow
 
 __all__ = ["IAF", "MAF", "NSF"]
-
-
-def _check(name: str, features: int, transforms: int, minimum: int = 1) -> None:
-    if not isinstance(features, int) or isinstance(features, bool) or features < minimum:
-        raise ValueError(f"{name}: expected features to be an int >= {minimum}, got {features!r}")
-    if not isinstance(transforms, int) or transforms < 1:
-        raise ValueError(f"{name}: expected transforms to be an int >= 1, got {transforms!r}")
 
 
 def _orders(features: int, transforms: int, randperm: bool, generator: torch.Generator | None) -> list[torch.Tensor]:
@@ -47,65 +42,22 @@ def _autoregressive_layers(
     transformer: Callable[[], Transformer],
     *,
     transforms: int,
-    hidden: Sequence[int],
-    residual: bool,
     randperm: bool,
-    activation: Callable[[], nn.Module],
     generator: torch.Generator | None,
-    dropout: float = 0.0,
+    **made: Any,
 ) -> list[MaskedAutoregressive]:
+    """``transforms`` MADE layers in alternating (or random) orders; ``made``: ``hidden``, ``residual``, ..."""
     return [
-        MaskedAutoregressive(
-            features,
-            context,
-            transformer=transformer(),
-            hidden=hidden,
-            order=order,
-            residual=residual,
-            dropout=dropout,
-            activation=activation,
-        )
+        MaskedAutoregressive(features, context, transformer=transformer(), order=order, **made)
         for order in _orders(features, transforms, randperm, generator)
     ]
 
 
-class MAF(Flow):
-    r"""Masked autoregressive flow: affine autoregressive layers, fast density, sequential sampling.
+class _AffineAutoregressiveFlow(Flow):
+    """MAF and IAF, one implementation: affine MADE layers (with batch norms between them), inverted for IAF."""
 
-    Layer :math:`l` maps :math:`z_i = x_i e^{s_i} + t_i` with :math:`(t_i, s_i)` from a MADE of
-    :math:`x_{<i}` (in that layer's order) and the context, the log-scale soft-clamped to
-    :math:`|s| < \text{clamp}`. ``log_prob`` costs one MADE pass per layer; ``sample`` runs each
-    layer's inverse, ``D`` sequential steps that together cost one MADE pass (see
-    :meth:`flows.nn.MADE.solve`).
-
-    References:
-        Papamakarios, Pavlakou, Murray (2017), "Masked Autoregressive Flow for Density Estimation",
-        NeurIPS, arXiv:1705.07057.
-
-    Args:
-        features: data dimension ``D``.
-        context: context width (0 for an unconditional flow).
-        transforms: number of autoregressive layers.
-        hidden: hidden widths of each MADE.
-        residual: residual MADEs (equal hidden widths).
-        randperm: random feature orders instead of alternating ones.
-        batch_norm: a :class:`~flows.bijections.normalization.BatchNorm` after every layer but the
-            last (as in the MAF paper; evaluate with :func:`flows.evaluating`).
-        clamp: bound on the absolute log-scale (``None`` for none).
-        dropout: dropout on the MADEs' hidden units in train mode (see :class:`~flows.nn.MADE`).
-        activation: nonlinearity of the MADEs.
-        generator: random generator for ``randperm``.
-        standardize: data ``(N, D)`` to fit a :class:`~flows.bijections.Standardize` layer on (or a
-            fitted layer), put in front of the flow so that raw data is modelled in data units (see
-            :class:`~flows.flow.Flow`).
-
-    Example:
-        >>> import torch
-        >>> flow = MAF(3, transforms=2, hidden=(16,))
-        >>> x = flow.sample((4,))
-        >>> flow.log_prob(x).shape
-        torch.Size([4])
-    """
+    #: IAF: every member of MAF's chain is inverted (in place, the order kept).
+    inverted = False
 
     def __init__(
         self,
@@ -123,28 +75,70 @@ class MAF(Flow):
         generator: torch.Generator | None = None,
         standardize: Tensor | Standardize | None = None,
     ) -> None:
-        _check("MAF", features, transforms)
+        name = type(self).__name__
+        check_builder(
+            name, features, context, transforms=transforms, hidden=hidden, activation=activation, minimum_layers=1
+        )
         layers = _autoregressive_layers(
             features,
             context,
             lambda: AffineTransformer(clamp),
             transforms=transforms,
+            randperm=randperm,
+            generator=generator,
             hidden=hidden,
             residual=residual,
-            randperm=randperm,
-            activation=activation,
-            generator=generator,
             dropout=dropout,
+            activation=activation,
         )
         chain: list[Bijection] = []
         for i, layer in enumerate(layers):
             chain.append(layer)
             if batch_norm and i < len(layers) - 1:
                 chain.append(BatchNorm(features))
+        if self.inverted:
+            chain = [Inverse(member) for member in chain]
         super().__init__(Chain(*chain), StandardNormal(features), context=context, standardize=standardize)
 
 
-class IAF(Flow):
+class MAF(_AffineAutoregressiveFlow):
+    r"""Masked autoregressive flow: affine autoregressive layers, fast density, sequential sampling.
+
+    Layer :math:`l` maps :math:`z_i = x_i e^{s_i} + t_i` with :math:`(t_i, s_i)` from a MADE of
+    :math:`x_{<i}` (in that layer's order) and the context, the log-scale soft-clamped to
+    :math:`|s| < \text{clamp}`. ``log_prob`` costs one MADE pass per layer; ``sample`` runs each
+    layer's inverse, ``D`` sequential steps that together cost one MADE pass (see
+    :meth:`flows.nn.MADE.solve`).
+
+    References:
+        Papamakarios, Pavlakou, Murray (2017), "Masked Autoregressive Flow for Density Estimation",
+        NeurIPS, arXiv:1705.07057.
+
+    Args:
+        features: data dimension ``D``.
+        context: context width (0 for an unconditional flow).
+        transforms: number of autoregressive layers.
+        hidden: hidden widths of each MADE (at least one layer).
+        residual: residual MADEs (equal hidden widths).
+        randperm: random feature orders instead of alternating ones.
+        batch_norm: a :class:`~flows.bijections.normalization.BatchNorm` after every layer but the
+            last (as in the MAF paper; evaluate with :func:`flows.evaluating`).
+        clamp: bound on the absolute log-scale (``None`` for none).
+        dropout: dropout on the MADEs' hidden units in train mode (see :class:`~flows.nn.MADE`).
+        activation: nonlinearity of the MADEs.
+        generator: random generator for ``randperm``.
+        standardize: data ``(N, D)`` or a fitted :class:`~flows.bijections.Standardize` layer, put in
+            front of the flow so that raw data is modelled in data units (see :class:`~flows.flow.Flow`).
+
+    Example:
+        >>> flow = MAF(3, transforms=2, hidden=(16,))
+        >>> x = flow.sample((4,))
+        >>> flow.log_prob(x).shape
+        torch.Size([4])
+    """
+
+
+class IAF(_AffineAutoregressiveFlow):
     r"""Inverse autoregressive flow: MAF's layers inverted, one-pass sampling, sequential density.
 
     Each layer is :class:`~flows.bijections.base.Inverse` of an affine
@@ -152,25 +146,18 @@ class IAF(Flow):
     :math:`x_i = z_i e^{s_i(z_{<i})} + t_i(z_{<i})` in one MADE pass per layer, and
     :meth:`~flows.flow.Flow.sample_and_log_prob` gives the density of its own samples at no extra
     cost (the variational-inference use). ``log_prob`` of arbitrary data runs ``D`` sequential
-    steps per layer.
+    steps per layer. The same builder as :class:`MAF` (same options), with every layer inverted.
 
     References:
         Kingma, Salimans, Jozefowicz, Chen, Sutskever, Welling (2016), "Improved Variational
         Inference with Inverse Autoregressive Flow", NeurIPS, arXiv:1606.04934.
 
     Args:
-        features: data dimension ``D``.
-        context: context width (0 for an unconditional flow).
-        transforms: number of autoregressive layers.
-        hidden: hidden widths of each MADE.
-        residual: residual MADEs (equal hidden widths).
-        randperm: random feature orders instead of alternating ones.
-        clamp: bound on the absolute log-scale (``None`` for none).
-        activation: nonlinearity of the MADEs.
-        generator: random generator for ``randperm``.
-        standardize: data ``(N, D)`` to fit a :class:`~flows.bijections.Standardize` layer on (or a
-            fitted layer), put in front of the flow so that raw data is modelled in data units (see
-            :class:`~flows.flow.Flow`).
+        features, context, transforms, hidden, residual, randperm, clamp, dropout, activation,
+            generator, standardize: as for :class:`MAF`.
+        batch_norm: an inverted :class:`~flows.bijections.normalization.BatchNorm` after every layer
+            but the last: it normalises the samples on their way out (batch statistics in train
+            mode), so ``log_prob`` of data needs eval mode (:func:`flows.evaluating`).
 
     Example:
         >>> import torch
@@ -180,38 +167,7 @@ class IAF(Flow):
         True
     """
 
-    def __init__(
-        self,
-        features: int,
-        context: int = 0,
-        *,
-        transforms: int = 5,
-        hidden: Sequence[int] = (64, 64),
-        residual: bool = False,
-        randperm: bool = False,
-        clamp: float | None = 3.0,
-        activation: Callable[[], nn.Module] = nn.ReLU,
-        generator: torch.Generator | None = None,
-        standardize: Tensor | Standardize | None = None,
-    ) -> None:
-        _check("IAF", features, transforms)
-        layers = _autoregressive_layers(
-            features,
-            context,
-            lambda: AffineTransformer(clamp),
-            transforms=transforms,
-            hidden=hidden,
-            residual=residual,
-            randperm=randperm,
-            activation=activation,
-            generator=generator,
-        )
-        super().__init__(
-            Chain(*[Inverse(layer) for layer in layers]),
-            StandardNormal(features),
-            context=context,
-            standardize=standardize,
-        )
+    inverted = True
 
 
 class NSF(Flow):
@@ -240,7 +196,7 @@ class NSF(Flow):
         features: data dimension ``D`` (at least 2 for ``coupling=True``).
         context: context width (0 for an unconditional flow).
         transforms: number of spline layers.
-        hidden: hidden widths of each conditioner.
+        hidden: hidden widths of each conditioner (at least one layer for the MADEs).
         bins: number of spline bins ``K``.
         bound: the splines act on ``[-bound, bound]``.
         coupling: coupling conditioners instead of autoregressive ones.
@@ -251,9 +207,8 @@ class NSF(Flow):
             :class:`~flows.nn.MADE`).
         activation: nonlinearity of the conditioners.
         generator: random generator for ``randperm``.
-        standardize: data ``(N, D)`` to fit a :class:`~flows.bijections.Standardize` layer on (or a
-            fitted layer), put in front of the flow so that raw data is modelled in data units (see
-            :class:`~flows.flow.Flow`).
+        standardize: data ``(N, D)`` or a fitted :class:`~flows.bijections.Standardize` layer, put in
+            front of the flow so that raw data is modelled in data units (see :class:`~flows.flow.Flow`).
 
     Example:
         >>> import torch
@@ -281,7 +236,17 @@ class NSF(Flow):
         generator: torch.Generator | None = None,
         standardize: Tensor | Standardize | None = None,
     ) -> None:
-        _check("NSF", features, transforms, minimum=2 if coupling else 1)
+        check_builder(
+            "NSF",
+            features,
+            context,
+            transforms=transforms,
+            hidden=hidden,
+            activation=activation,
+            minimum_features=2 if coupling else 1,
+            why="couplings need two parts" if coupling else "",
+            minimum_layers=0 if coupling else 1,
+        )
         if coupling and (dropout or residual or randperm):
             raise ValueError(
                 "NSF: dropout, residual and randperm are options of the autoregressive variant, got "
@@ -310,12 +275,12 @@ class NSF(Flow):
                 context,
                 spline,
                 transforms=transforms,
+                randperm=randperm,
+                generator=generator,
                 hidden=hidden,
                 residual=residual,
-                randperm=randperm,
-                activation=activation,
-                generator=generator,
                 dropout=dropout,
+                activation=activation,
             )
         if lu:
             layers = [m for layer in layers for m in (LULinear(features), layer)]

@@ -2,10 +2,12 @@
 
 from __future__ import annotations
 
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 
 from torch import Tensor, nn
 
+from flows._deprecation import renamed_keywords
+from flows.architectures._arguments import check_builder
 from flows.bijections.base import Chain
 from flows.bijections.continuous import CNF, total_nfe
 from flows.bijections.standardize import Standardize
@@ -19,7 +21,7 @@ class FFJORD(Flow):
     r"""FFJORD: continuous normalizing flow blocks trained with Hutchinson traces.
 
     ``transforms`` :class:`~flows.CNF` blocks, each integrating its own time-conditioned field
-    (:class:`~flows.nn.TimeMLP`) over ``[0, time]``, then a standard normal base:
+    (:class:`~flows.nn.TimeMLP`) over ``[0, t1]``, then a standard normal base:
     :math:`\log p(x) = \log \mathcal N(z(T); 0, I) + \sum_{\text{blocks}} \int \operatorname{tr}
     \partial f/\partial z \, dt`. As in the paper, training uses the Hutchinson estimator
     (``trace="hutchinson"``, one vector-Jacobian-type product per evaluation); by default
@@ -45,16 +47,16 @@ class FFJORD(Flow):
         eval_trace: trace estimator in eval mode (``None``: as ``trace``).
         noise: Hutchinson noise, ``"rademacher"`` or ``"gaussian"``.
         seed: seed of the Hutchinson noise of every solve (``None``: the global generator).
-        time: integration length ``T`` of each block.
+        t1: integration length ``T`` of each block (it integrates over ``[0, t1]``; the name is
+            :class:`~flows.CNF`'s; ``time=`` is its deprecated old name).
         method: torchdiffeq solver.
         rtol: relative tolerance.
         atol: absolute tolerance.
         adjoint: backpropagate with the adjoint method.
         kinetic: RNODE kinetic-energy weight.
         jacobian: RNODE Jacobian-Frobenius weight.
-        standardize: data ``(N, D)`` to fit a :class:`~flows.bijections.Standardize` layer on (or a
-            fitted layer), put in front of the flow so that raw data is modelled in data units (see
-            :class:`~flows.flow.Flow`).
+        standardize: data ``(N, D)`` or a fitted :class:`~flows.bijections.Standardize` layer, put in
+            front of the flow so that raw data is modelled in data units (see :class:`~flows.flow.Flow`).
 
     Example:
         >>> import torch
@@ -63,6 +65,7 @@ class FFJORD(Flow):
         (torch.Size([4]), True)
     """
 
+    @renamed_keywords(time="t1")
     def __init__(
         self,
         features: int,
@@ -70,13 +73,13 @@ class FFJORD(Flow):
         *,
         transforms: int = 1,
         hidden: Sequence[int] = (64, 64),
-        activation: type[nn.Module] = nn.Tanh,
+        activation: Callable[[], nn.Module] = nn.Tanh,
         freqs: int = 1,
         trace: str = "hutchinson",
         eval_trace: str | None = "exact",
         noise: str = "rademacher",
         seed: int | None = None,
-        time: float = 1.0,
+        t1: float = 1.0,
         method: str = "dopri5",
         rtol: float = 1e-5,
         atol: float = 1e-5,
@@ -85,10 +88,7 @@ class FFJORD(Flow):
         jacobian: float = 0.0,
         standardize: Tensor | Standardize | None = None,
     ) -> None:
-        if not isinstance(features, int) or features < 1:
-            raise ValueError(f"FFJORD: expected features to be a positive int, got {features!r}")
-        if not isinstance(transforms, int) or transforms < 1:
-            raise ValueError(f"FFJORD: expected transforms to be an int >= 1, got {transforms!r}")
+        check_builder("FFJORD", features, context, transforms=transforms, hidden=hidden, activation=activation)
         blocks = [
             CNF(
                 features,
@@ -100,7 +100,7 @@ class FFJORD(Flow):
                 eval_trace=eval_trace,
                 noise=noise,
                 seed=seed,
-                t1=time,
+                t1=t1,
                 method=method,
                 rtol=rtol,
                 atol=atol,

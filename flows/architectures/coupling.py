@@ -6,11 +6,13 @@ Options are keyword-only (``transforms``, ``hidden``, ...). Every builder return
 
 from __future__ import annotations
 
+import functools
 from collections.abc import Callable, Sequence
 
 import torch
 from torch import Tensor, nn
 
+from flows.architectures._arguments import check_builder
 from flows.bijections.base import Bijection, Chain
 from flows.bijections.coupling import AdditiveCoupling, AffineCoupling
 from flows.bijections.elementwise import Affine
@@ -66,11 +68,48 @@ def _conditioners(
     return steps
 
 
-def _check_builder_args(name: str, features: int, transforms: int) -> None:
-    if not isinstance(features, int) or features < 2:
-        raise ValueError(f"{name}: expected features to be an int >= 2 (couplings need two parts), got {features!r}")
-    if transforms < 1:
-        raise ValueError(f"{name}: expected transforms >= 1, got {transforms}")
+def _coupling_chain(
+    who: str,
+    features: int,
+    context: int,
+    coupling: Callable[..., Bijection],
+    params_per_dim: int,
+    *,
+    transforms: int,
+    hidden: Sequence[int],
+    activation: Callable[[], nn.Module],
+    share_conditioner: bool,
+    embedding: int,
+    tail: Sequence[Callable[[int], Bijection]] = (),
+) -> Chain:
+    """RealNVP's and NICE's transform, one implementation: ``transforms`` alternating couplings, then ``tail``.
+
+    ``coupling(features, context, mask=..., conditioner=..., hidden=..., activation=...)`` builds one
+    layer (affine or additive), whose conditioner outputs ``params_per_dim`` values per transformed entry;
+    each of ``tail`` builds a layer from ``features`` (after the checks, like every layer).
+    """
+    check_builder(
+        who,
+        features,
+        context,
+        transforms=transforms,
+        hidden=hidden,
+        activation=activation,
+        minimum_features=2,
+        why="couplings need two parts",
+    )
+    evens = _evens_first_mask(features)
+    masks = [evens if i % 2 == 0 else ~evens for i in range(transforms)]
+    conditioners = (
+        _conditioners(features, context, masks, params_per_dim, hidden, activation, embedding)
+        if share_conditioner
+        else [None] * transforms
+    )
+    layers = [
+        coupling(features, context, mask=mask, conditioner=conditioner, hidden=hidden, activation=activation)
+        for mask, conditioner in zip(masks, conditioners, strict=True)
+    ]
+    return _alternating(features, [*layers, *(make(features) for make in tail)])
 
 
 class RealNVP(Flow):
@@ -96,9 +135,8 @@ class RealNVP(Flow):
         share_conditioner: NanoFlow parameter sharing (:mod:`flows.nn.sharing`): one conditioner
             network for all couplings, with a learned per-step embedding and output gate.
         embedding: width of the per-step embedding when sharing.
-        standardize: data ``(N, D)`` to fit a :class:`~flows.bijections.Standardize` layer on (or a
-            fitted layer), put in front of the flow so that raw data is modelled in data units (see
-            :class:`~flows.flow.Flow`).
+        standardize: data ``(N, D)`` or a fitted :class:`~flows.bijections.Standardize` layer, put in
+            front of the flow so that raw data is modelled in data units (see :class:`~flows.flow.Flow`).
 
     Example:
         >>> import torch
@@ -120,29 +158,19 @@ class RealNVP(Flow):
         embedding: int = 8,
         standardize: Tensor | Standardize | None = None,
     ) -> None:
-        _check_builder_args("RealNVP", features, transforms)
-        evens = _evens_first_mask(features)
-        masks = [evens if i % 2 == 0 else ~evens for i in range(transforms)]
-        conditioners = (
-            _conditioners(features, context, masks, 2, hidden, activation, embedding)
-            if share_conditioner
-            else [None] * transforms
+        chain = _coupling_chain(
+            "RealNVP",
+            features,
+            context,
+            functools.partial(AffineCoupling, clamp=clamp),
+            2,
+            transforms=transforms,
+            hidden=hidden,
+            activation=activation,
+            share_conditioner=share_conditioner,
+            embedding=embedding,
         )
-        layers = [
-            AffineCoupling(
-                features,
-                context,
-                mask=mask,
-                clamp=clamp,
-                conditioner=conditioner,
-                hidden=hidden,
-                activation=activation,
-            )
-            for mask, conditioner in zip(masks, conditioners, strict=True)
-        ]
-        super().__init__(
-            _alternating(features, layers), StandardNormal(features), context=context, standardize=standardize
-        )
+        super().__init__(chain, StandardNormal(features), context=context, standardize=standardize)
 
 
 class NICE(Flow):
@@ -163,9 +191,8 @@ class NICE(Flow):
         activation: nonlinearity of the conditioners.
         share_conditioner: NanoFlow parameter sharing (see :class:`RealNVP`).
         embedding: width of the per-step embedding when sharing.
-        standardize: data ``(N, D)`` to fit a :class:`~flows.bijections.Standardize` layer on (or a
-            fitted layer), put in front of the flow so that raw data is modelled in data units (see
-            :class:`~flows.flow.Flow`).
+        standardize: data ``(N, D)`` or a fitted :class:`~flows.bijections.Standardize` layer, put in
+            front of the flow so that raw data is modelled in data units (see :class:`~flows.flow.Flow`).
 
     Example:
         >>> import torch
@@ -185,23 +212,17 @@ class NICE(Flow):
         embedding: int = 8,
         standardize: Tensor | Standardize | None = None,
     ) -> None:
-        _check_builder_args("NICE", features, transforms)
-        evens = _evens_first_mask(features)
-        masks = [evens if i % 2 == 0 else ~evens for i in range(transforms)]
-        conditioners = (
-            _conditioners(features, context, masks, 1, hidden, activation, embedding)
-            if share_conditioner
-            else [None] * transforms
+        chain = _coupling_chain(
+            "NICE",
+            features,
+            context,
+            AdditiveCoupling,
+            1,
+            transforms=transforms,
+            hidden=hidden,
+            activation=activation,
+            share_conditioner=share_conditioner,
+            embedding=embedding,
+            tail=[Affine],
         )
-        layers = [
-            AdditiveCoupling(
-                features, context, mask=mask, conditioner=conditioner, hidden=hidden, activation=activation
-            )
-            for mask, conditioner in zip(masks, conditioners, strict=True)
-        ]
-        super().__init__(
-            _alternating(features, [*layers, Affine(features)]),
-            StandardNormal(features),
-            context=context,
-            standardize=standardize,
-        )
+        super().__init__(chain, StandardNormal(features), context=context, standardize=standardize)

@@ -23,7 +23,9 @@ from collections.abc import Callable, Sequence
 import torch
 from torch import Tensor, nn
 
+from flows._deprecation import record_argument
 from flows._validation import as_sample_shape
+from flows.architectures._arguments import check_activation, check_choice, check_context, check_count, check_hidden
 from flows.bijections.base import Bijection, Chain
 from flows.bijections.circulant import CirculantDiagonal2d
 from flows.bijections.conv import Invertible1x1Conv
@@ -46,11 +48,6 @@ SPLITS = ("static", "eiw")
 COUPLINGS = ("affine", "additive")
 
 
-def _check_choice(name: str, value: str, choices: Sequence[str]) -> None:
-    if value not in choices:
-        raise ValueError(f"Glow: expected {name} in {list(choices)}, got {value!r}")
-
-
 class Glow(Flow):
     r"""Glow for ``(C, H, W)`` images: ``levels`` × (squeeze → ``steps`` × step → [EIW shuffle] → split).
 
@@ -63,8 +60,8 @@ class Glow(Flow):
       :class:`~flows.bijections.circulant.CirculantDiagonal2d` (CDFlow) with ``circulant_factors``
       diagonal factors, a random orthogonal start and no bias;
     * an affine (or additive) coupling of the second half of the channels given the first half,
-      with a :class:`~flows.nn.ConvNet` conditioner (3×3, 1×1, 3×3 convolutions with ``hidden``
-      channels, zero-initialised output).
+      with a :class:`~flows.nn.ConvNet` conditioner (``kernel_size`` convolutions first and last,
+      1×1 ones between, ``hidden`` channels, zero-initialised output).
 
     Each level except the last ends with Glow's learned conditional prior (an affine coupling of
     the factored-out half given the kept half, from one zero-initialised 3×3 convolution, see the
@@ -86,7 +83,9 @@ class Glow(Flow):
         context: width of a vector context (e.g. one-hot classes) fed to every conditioner (0 = none).
         levels: number of scales ``L``.
         steps: flow steps ``K`` per level.
-        hidden: channels of the hidden layers of each coupling network.
+        hidden: channels of the hidden layers of each coupling network, one entry per hidden layer
+            (the default ``(128, 128)`` is Glow's 3×3 → 1×1 → 3×3 network; a single int ``h``, the
+            old form, is deprecated and means ``(h, h)``).
         mixer: ``"1x1"``, ``"lu"`` or ``"circulant"``.
         split: ``"static"`` (Glow: keep the first half) or ``"eiw"`` (EIW shuffle before each split).
         coupling: ``"affine"`` (Glow) or ``"additive"`` (NICE-style, volume preserving).
@@ -120,7 +119,7 @@ class Glow(Flow):
 
     Example:
         >>> import torch
-        >>> flow = Glow((1, 8, 8), levels=2, steps=2, hidden=16)
+        >>> flow = Glow((1, 8, 8), levels=2, steps=2, hidden=(16, 16))
         >>> x = torch.rand(5, 1, 8, 8)
         >>> flow.log_prob(x).shape, flow.sample((3,)).shape
         (torch.Size([5]), torch.Size([3, 1, 8, 8]))
@@ -136,7 +135,7 @@ class Glow(Flow):
         *,
         levels: int = 2,
         steps: int = 8,
-        hidden: int = 128,
+        hidden: Sequence[int] = (128, 128),
         mixer: str = "1x1",
         split: str = "static",
         coupling: str = "affine",
@@ -157,18 +156,21 @@ class Glow(Flow):
         shape = tuple(shape)
         if len(shape) != 3 or not all(isinstance(s, int) and s > 0 for s in shape):
             raise ValueError(f"Glow: expected an image shape (C, H, W) of positive ints, got {shape}")
-        if not isinstance(levels, int) or levels < 1 or not isinstance(steps, int) or steps < 1:
-            raise ValueError(f"Glow: expected levels >= 1 and steps >= 1, got levels={levels!r}, steps={steps!r}")
-        if not isinstance(hidden, int) or hidden < 1:
-            raise ValueError(f"Glow: expected a positive int hidden, got {hidden!r}")
+        check_context("Glow", context)
+        levels, steps = check_count("Glow", "levels", levels), check_count("Glow", "steps", steps)
+        if not isinstance(hidden, Sequence):  # the deprecated single width: the model file records the widths
+            hidden = check_hidden("Glow", hidden, int_layers=2)
+            record_argument(self, "hidden", list(hidden))
+        hidden = check_hidden("Glow", hidden)
+        check_activation("Glow", activation)
         _, height, width = shape
         if height % 2**levels or width % 2**levels:
             raise ValueError(
                 f"Glow: expected height and width divisible by 2**levels = {2**levels}, got {height}×{width}"
             )
-        _check_choice("mixer", mixer, MIXERS)
-        _check_choice("split", split, SPLITS)
-        _check_choice("coupling", coupling, COUPLINGS)
+        check_choice("Glow", "mixer", mixer, MIXERS)
+        check_choice("Glow", "split", split, SPLITS)
+        check_choice("Glow", "coupling", coupling, COUPLINGS)
         self.levels, self.steps, self.hidden = levels, steps, hidden
         self.mixer, self.split, self.coupling = mixer, split, coupling
         options = {
@@ -216,7 +218,7 @@ class Glow(Flow):
         return ConvNet(
             n_kept + extra_inputs,
             params * (channels - n_kept),
-            (options["hidden"], options["hidden"]),
+            options["hidden"],
             context=options["context"],
             kernel_size=options["kernel_size"],
             activation=options["activation"],

@@ -8,13 +8,13 @@ is the FIF maximum-likelihood surrogate used for training.
 
 from __future__ import annotations
 
-import math
 from collections.abc import Callable, Sequence
 
 import torch
 from torch import Tensor, nn
 
 from flows._validation import check_event, check_finite, check_like
+from flows.architectures._arguments import check_builder, check_nonnegative
 from flows.bijections.base import Chain
 from flows.bijections.injective import FreeFormInjective
 from flows.bijections.standardize import Standardize
@@ -67,9 +67,8 @@ class FreeFormInjectiveFlow(Flow):
         hutchinson_samples: number ``K ≤ d`` of orthogonal probes per sample.
         jvp: how the decoder JVP of the surrogate is computed (``"double_backward"`` or
             ``"forward"``; see :class:`~flows.bijections.injective.FreeFormInjective`).
-        standardize: data ``(N, D)`` to fit a :class:`~flows.bijections.Standardize` layer on (or a
-            fitted layer), put in front of the flow so that raw data is modelled in data units (see
-            :class:`~flows.flow.Flow`).
+        standardize: data ``(N, D)`` or a fitted :class:`~flows.bijections.Standardize` layer, put in
+            front of the flow so that raw data is modelled in data units (see :class:`~flows.flow.Flow`).
 
     Example:
         >>> import torch
@@ -101,10 +100,8 @@ class FreeFormInjectiveFlow(Flow):
         standardize: Tensor | Standardize | None = None,
     ) -> None:
         name = type(self).__name__
-        if not (isinstance(beta, (int, float)) and math.isfinite(beta) and beta >= 0):
-            raise ValueError(f"{name}: expected beta to be a finite number >= 0, got {beta!r}")
-        if not (isinstance(noise, (int, float)) and math.isfinite(noise) and noise >= 0):
-            raise ValueError(f"{name}: expected noise to be a finite number >= 0, got {noise!r}")
+        check_builder(name, features, context, hidden=hidden, activation=activation)
+        beta, noise = check_nonnegative(name, "beta", beta), check_nonnegative(name, "noise", noise)
         if isinstance(latent_features, int) and not (
             isinstance(hutchinson_samples, int) and 1 <= hutchinson_samples <= latent_features
         ):
@@ -136,7 +133,7 @@ class FreeFormInjectiveFlow(Flow):
                 )
             transform, base = Chain(injective, latent.transform), latent.base
         super().__init__(transform, base, context=context, standardize=standardize)
-        self.beta, self.noise, self.hutchinson_samples = float(beta), float(noise), hutchinson_samples
+        self.beta, self.noise, self.hutchinson_samples = beta, noise, hutchinson_samples
 
     @property
     def injective(self) -> FreeFormInjective:

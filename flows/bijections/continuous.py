@@ -3,7 +3,7 @@ r"""Continuous normalizing flows: :class:`CNF`, an ODE solved with torchdiffeq, 
 from __future__ import annotations
 
 import math
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 
 import torch
 from torch import Tensor, nn
@@ -127,7 +127,7 @@ class CNF(Bijection):
         *,
         field: nn.Module | None = None,
         hidden: Sequence[int] = (64, 64),
-        activation: type[nn.Module] = nn.Tanh,
+        activation: Callable[[], nn.Module] = nn.Tanh,
         freqs: int = 1,
         trace: str = "exact",
         eval_trace: str | None = None,

@@ -24,9 +24,7 @@ class CountingTarget(EnergyTarget):
 
     Example:
         >>> import torch
-        >>> class Gaussian(EnergyTarget):
-        ...     def energy(self, x):
-        ...         return 0.5 * x.square().sum(-1)
+        >>> from flows.targets import Gaussian
         >>> counted = CountingTarget(Gaussian(3))
         >>> _ = counted.energy(torch.zeros(5, 3)); _ = counted.energy_and_grad(torch.zeros(2, 4, 3))
         >>> counted.energy_evals, counted.grad_evals, counted.evaluations

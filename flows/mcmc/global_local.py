@@ -11,6 +11,7 @@ from __future__ import annotations
 import torch
 from torch import Tensor
 
+from flows._deprecation import deprecated_alias, renamed_keywords
 from flows.mcmc.base import Kernel, State, StepInfo
 from flows.mcmc.independent import _FlowProposal
 
@@ -18,10 +19,10 @@ __all__ = ["GlobalLocal"]
 
 
 class GlobalLocal(Kernel):
-    r"""One flow move followed by ``n_local`` local moves; optionally trains the flow during warm-up.
+    r"""One flow move followed by ``local_steps`` local moves; optionally trains the flow during warm-up.
 
     Each step applies the global kernel :math:`P_g` (a flow proposal) once, then the local kernel
-    :math:`P_l` ``n_local`` times: :math:`P = P_g P_l^k`, :math:`\pi`-invariant since both are.
+    :math:`P_l` ``local_steps`` times: :math:`P = P_g P_l^k`, :math:`\pi`-invariant since both are.
 
     With ``train=True``, every warm-up step (``adapt=True``) stores the chains' positions after
     each move in a memory of the last ``memory`` moves and then takes ``train_steps`` optimiser
@@ -44,7 +45,7 @@ class GlobalLocal(Kernel):
         global_kernel: an :class:`~flows.mcmc.IMH` or :class:`~flows.mcmc.ISIR` kernel (its flow is
             the one trained).
         local_kernel: any kernel on the same target (MALA, HMC, RandomWalk, NeuTra).
-        n_local: local moves per step.
+        local_steps: local moves per step (``n_local=`` is its deprecated old name).
         train: fit the flow to the chains during warm-up.
         lr: Adam learning rate (ignored when ``optimizer`` is given).
         train_steps: optimiser steps per warm-up step.
@@ -57,23 +58,21 @@ class GlobalLocal(Kernel):
         >>> import torch
         >>> from flows import RealNVP
         >>> from flows.mcmc import IMH, MALA, sample
-        >>> from flows.targets import EnergyTarget
-        >>> class Gaussian(EnergyTarget):
-        ...     def energy(self, x):
-        ...         return 0.5 * (x - 2).square().sum(-1)
-        >>> target = Gaussian(2)
+        >>> from flows.targets import Gaussian
+        >>> target = Gaussian(2, loc=2.0)
         >>> kernel = GlobalLocal(IMH(target, RealNVP(2, transforms=2, hidden=(16,))), MALA(target), train=True)
         >>> trace = sample(kernel, torch.full((32, 2), 2.0), 10, warmup=20)
         >>> len(kernel.losses), sorted(trace.extras)
         (20, ['local_accept_prob'])
     """
 
+    @renamed_keywords(n_local="local_steps")
     def __init__(
         self,
         global_kernel: _FlowProposal,
         local_kernel: Kernel,
         *,
-        n_local: int = 5,
+        local_steps: int = 5,
         train: bool = False,
         lr: float = 1e-3,
         train_steps: int = 1,
@@ -87,7 +86,7 @@ class GlobalLocal(Kernel):
             raise TypeError(f"GlobalLocal: expected a Kernel as local_kernel, got {type(local_kernel).__name__}")
         if local_kernel.target is not global_kernel.target:
             raise ValueError("GlobalLocal: expected the global and local kernels to share one target object")
-        for name, value in (("n_local", n_local), ("train_steps", train_steps)):
+        for name, value in (("local_steps", local_steps), ("train_steps", train_steps)):
             if not isinstance(value, int) or value < 0:
                 raise ValueError(f"GlobalLocal: expected {name} to be a non-negative int, got {value!r}")
         for name, value in (("batch_size", batch_size), ("memory", memory)):
@@ -95,13 +94,15 @@ class GlobalLocal(Kernel):
                 raise ValueError(f"GlobalLocal: expected {name} to be a positive int, got {value!r}")
         super().__init__(global_kernel.target)
         self.global_kernel, self.local_kernel = global_kernel, local_kernel
-        self.n_local, self.train_flow, self.train_steps = n_local, train, train_steps
+        self.local_steps, self.train_flow, self.train_steps = local_steps, train, train_steps
         self.batch_size, self.memory = batch_size, memory
         if train and optimizer is None:
             optimizer = torch.optim.Adam(global_kernel.flow.parameters(), lr=lr)
         self.optimizer = optimizer
         self.losses: list[float] = []
         self._memory: list[Tensor] = []
+
+    n_local = deprecated_alias("n_local", "local_steps")
 
     @property
     def flow(self) -> torch.nn.Module:
@@ -137,7 +138,7 @@ class GlobalLocal(Kernel):
         if training:
             self._remember(state.x)
         local = []
-        for _ in range(self.n_local):
+        for _ in range(self.local_steps):
             state, local_info = self.local_kernel.step(state, adapt=adapt)
             local.append(local_info.accept_prob)
             if training:
@@ -153,4 +154,4 @@ class GlobalLocal(Kernel):
         self._memory.clear()
 
     def extra_repr(self) -> str:
-        return f"n_local={self.n_local}, train={self.train_flow}"
+        return f"local_steps={self.local_steps}, train={self.train_flow}"

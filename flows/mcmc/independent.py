@@ -107,12 +107,9 @@ class IMH(_FlowProposal):
         >>> import torch
         >>> from flows import Affine, Flow, StandardNormal
         >>> from flows.mcmc import sample
-        >>> from flows.targets import EnergyTarget
-        >>> class Gaussian(EnergyTarget):  # N(1, 2^2 I)
-        ...     def energy(self, x):
-        ...         return 0.125 * (x - 1).square().sum(-1)
+        >>> from flows.targets import Gaussian
         >>> perfect = Flow(Affine(2, shift=-0.5, log_scale=-math.log(2)), StandardNormal(2))  # z = (x - 1) / 2
-        >>> trace = sample(IMH(Gaussian(2), perfect), torch.zeros(8, 2), 10)
+        >>> trace = sample(IMH(Gaussian(2, loc=1.0, scale=2.0), perfect), torch.zeros(8, 2), 10)
         >>> trace.acceptance_rate()
         1.0
     """
@@ -153,10 +150,7 @@ class ISIR(_FlowProposal):
         >>> import torch
         >>> from flows import Flow, LULinear, StandardNormal
         >>> from flows.mcmc import sample
-        >>> from flows.targets import EnergyTarget
-        >>> class Gaussian(EnergyTarget):
-        ...     def energy(self, x):
-        ...         return 0.5 * x.square().sum(-1)
+        >>> from flows.targets import Gaussian
         >>> kernel = ISIR(Gaussian(2), Flow(LULinear(2), StandardNormal(2)), n_proposals=4)
         >>> trace = sample(kernel, torch.zeros(8, 2), 10)
         >>> round(trace.accept_prob.mean().item(), 2)  # perfect proposal: P(stay) = 1 / 5

@@ -7,6 +7,7 @@ import math
 import torch
 from torch import Tensor
 
+from flows._deprecation import deprecated_alias, renamed_keywords
 from flows.mcmc.adaptation import DualAveraging
 from flows.mcmc.base import Kernel, State, StepInfo, _keep_rejected, metropolis_accept
 from flows.targets.base import EnergyTarget
@@ -25,29 +26,37 @@ def _dot(u: Tensor, v: Tensor) -> Tensor:
 
 
 class _StepSizeKernel(Kernel):
-    """A kernel with a positive step size, optionally tuned by dual averaging during warm-up."""
+    """A kernel with a positive step size, optionally tuned by dual averaging during warm-up.
 
+    One constructor for the three kernels: they differ in their defaults (class attributes), not
+    in their arguments. ``step_size=None`` takes the kernel's :attr:`default_step_size`.
+    """
+
+    default_step_size = 0.1
     default_target_accept = 0.5
 
     def __init__(
         self,
         target: EnergyTarget,
-        step_size: float,
+        step_size: float | None = None,
         *,
-        adapt_step_size: bool,
-        target_accept: float | None,
+        adapt_step_size: bool = True,
+        target_accept: float | None = None,
     ) -> None:
         super().__init__(target)
+        step_size = self.default_step_size if step_size is None else step_size
         if not (isinstance(step_size, (int, float)) and step_size > 0 and math.isfinite(step_size)):
             raise ValueError(f"{type(self).__name__}: expected a positive finite step_size, got {step_size!r}")
         self.register_buffer("step_size", torch.tensor(float(step_size), dtype=torch.float64))
         self.adapt_step_size = adapt_step_size
         self.adaptation = DualAveraging(self.default_target_accept if target_accept is None else target_accept)
 
-    def _adapt(self, info: StepInfo) -> None:
-        if self.adapt_step_size:
-            new = self.adaptation.update(float(self.step_size), float(info.accept_prob.mean()))
-            self.step_size.fill_(new)
+    def _finish(self, new: State, accept_prob: Tensor, accepted: Tensor, adapt: bool) -> tuple[State, StepInfo]:
+        """The step's result; during warm-up (``adapt``) the step size moves towards the target acceptance."""
+        info = StepInfo(accept_prob, accepted)
+        if adapt and self.adapt_step_size:
+            self.step_size.fill_(self.adaptation.update(float(self.step_size), float(info.accept_prob.mean())))
+        return new, info
 
     def end_adaptation(self) -> None:
         if self.adapt_step_size and self.adaptation.count > 0:
@@ -74,34 +83,22 @@ class RandomWalk(_StepSizeKernel):
 
     Args:
         target: the energy target.
-        step_size: proposal scale :math:`\sigma`.
-        adapt_step_size: tune :math:`\sigma` by dual averaging during warm-up.
-        target_accept: acceptance to aim for (default 0.234).
+        step_size: proposal scale :math:`\sigma` (default 0.5).
+        adapt_step_size, target_accept: tune :math:`\sigma` by dual averaging during warm-up,
+            towards this acceptance (default 0.234).
 
     Example:
         >>> import torch
         >>> from flows.mcmc import sample
-        >>> from flows.targets import EnergyTarget
-        >>> class Gaussian(EnergyTarget):
-        ...     def energy(self, x):
-        ...         return 0.5 * x.square().sum(-1)
+        >>> from flows.targets import Gaussian
         >>> kernel = RandomWalk(Gaussian(2), step_size=1.0)
         >>> trace = sample(kernel, torch.zeros(8, 2), 20, warmup=10)
         >>> trace.samples.shape
         torch.Size([20, 8, 2])
     """
 
+    default_step_size = 0.5
     default_target_accept = 0.234
-
-    def __init__(
-        self,
-        target: EnergyTarget,
-        step_size: float = 0.5,
-        *,
-        adapt_step_size: bool = True,
-        target_accept: float | None = None,
-    ) -> None:
-        super().__init__(target, step_size, adapt_step_size=adapt_step_size, target_accept=target_accept)
 
     def step(self, state: State, *, adapt: bool = False) -> tuple[State, StepInfo]:
         x = state.x
@@ -110,13 +107,17 @@ class RandomWalk(_StepSizeKernel):
             log_prob_y = -self.target.energy(y)
         accept_prob, accepted = metropolis_accept(log_prob_y - state.log_prob)
         new = State(_keep_rejected(accepted, y, x), torch.where(accepted, log_prob_y, state.log_prob))
-        info = StepInfo(accept_prob, accepted)
-        if adapt:
-            self._adapt(info)
-        return new, info
+        return self._finish(new, accept_prob, accepted, adapt)
 
 
-class MALA(_StepSizeKernel):
+class _GradientKernel(_StepSizeKernel):
+    r"""A step-size kernel whose state caches :math:`\nabla\log\pi` at the current positions (MALA, HMC)."""
+
+    def _initial_state(self, x: Tensor) -> State:
+        return self._with_grad(State(x, torch.empty(0)))
+
+
+class MALA(_GradientKernel):
     r"""Metropolis-adjusted Langevin algorithm: a Langevin proposal with a Metropolis–Hastings test.
 
     With step size :math:`\varepsilon` and :math:`g = \nabla\log\pi`,
@@ -137,36 +138,21 @@ class MALA(_StepSizeKernel):
 
     Args:
         target: the energy target (differentiable).
-        step_size: the Langevin time step :math:`\varepsilon`.
-        adapt_step_size: tune :math:`\varepsilon` by dual averaging during warm-up.
-        target_accept: acceptance to aim for (default 0.574).
+        step_size: the Langevin time step :math:`\varepsilon` (default 0.1).
+        adapt_step_size, target_accept: tune :math:`\varepsilon` by dual averaging during warm-up,
+            towards this acceptance (default 0.574).
 
     Example:
         >>> import torch
         >>> from flows.mcmc import sample
-        >>> from flows.targets import EnergyTarget
-        >>> class Gaussian(EnergyTarget):
-        ...     def energy(self, x):
-        ...         return 0.5 * x.square().sum(-1)
+        >>> from flows.targets import Gaussian
         >>> trace = sample(MALA(Gaussian(3)), torch.zeros(16, 3), 50, warmup=50)
         >>> 0.3 < trace.acceptance_rate() < 0.9
         True
     """
 
+    default_step_size = 0.1
     default_target_accept = 0.574
-
-    def __init__(
-        self,
-        target: EnergyTarget,
-        step_size: float = 0.1,
-        *,
-        adapt_step_size: bool = True,
-        target_accept: float | None = None,
-    ) -> None:
-        super().__init__(target, step_size, adapt_step_size=adapt_step_size, target_accept=target_accept)
-
-    def _initial_state(self, x: Tensor) -> State:
-        return self._with_grad(State(x, torch.empty(0)))
 
     def step(self, state: State, *, adapt: bool = False) -> tuple[State, StepInfo]:
         state = self._with_grad(state)
@@ -188,17 +174,14 @@ class MALA(_StepSizeKernel):
             torch.where(accepted, log_prob_y, state.log_prob),
             _keep_rejected(accepted, grad_y, grad),
         )
-        info = StepInfo(accept_prob, accepted)
-        if adapt:
-            self._adapt(info)
-        return new, info
+        return self._finish(new, accept_prob, accepted, adapt)
 
 
-class HMC(_StepSizeKernel):
+class HMC(_GradientKernel):
     r"""Hamiltonian Monte Carlo with a leapfrog integrator and unit mass.
 
     With momentum :math:`p \sim \mathcal N(0, I)` and :math:`H(x, p) = u(x) + \tfrac12\|p\|^2`,
-    ``n_leapfrog`` leapfrog steps of size :math:`\varepsilon`
+    ``leapfrog_steps`` leapfrog steps of size :math:`\varepsilon`
 
     .. math::
         p \leftarrow p + \tfrac{\varepsilon}{2}\nabla\log\pi(x),\quad
@@ -206,7 +189,7 @@ class HMC(_StepSizeKernel):
         p \leftarrow p + \tfrac{\varepsilon}{2}\nabla\log\pi(x)
 
     map :math:`(x, p)` to :math:`(y, p')`, accepted with :math:`\alpha = \min(1, e^{H(x,p) - H(y,p')})`.
-    The gradient at the current positions is cached, so a step costs ``n_leapfrog`` gradient
+    The gradient at the current positions is cached, so a step costs ``leapfrog_steps`` gradient
     evaluations. Divergent trajectories (non-finite energy) are rejected. The step size is tuned
     towards an acceptance of 0.65 by dual averaging during warm-up.
 
@@ -217,41 +200,40 @@ class HMC(_StepSizeKernel):
 
     Args:
         target: the energy target (differentiable).
-        step_size: leapfrog step :math:`\varepsilon`.
-        n_leapfrog: leapfrog steps per move.
-        adapt_step_size: tune :math:`\varepsilon` by dual averaging during warm-up.
-        target_accept: acceptance to aim for (default 0.65).
+        step_size: leapfrog step :math:`\varepsilon` (default 0.1).
+        leapfrog_steps: leapfrog steps per move (the name of
+            :class:`~flows.bijections.stochastic.HMCBlock`'s; ``n_leapfrog=`` is its deprecated old name).
+        adapt_step_size, target_accept: tune :math:`\varepsilon` by dual averaging during warm-up,
+            towards this acceptance (default 0.65).
 
     Example:
         >>> import torch
         >>> from flows.mcmc import sample
-        >>> from flows.targets import EnergyTarget
-        >>> class Gaussian(EnergyTarget):
-        ...     def energy(self, x):
-        ...         return 0.5 * x.square().sum(-1)
-        >>> kernel = HMC(Gaussian(3), step_size=0.3, n_leapfrog=5)
+        >>> from flows.targets import Gaussian
+        >>> kernel = HMC(Gaussian(3), step_size=0.3, leapfrog_steps=5)
         >>> sample(kernel, torch.zeros(4, 3), 10).samples.shape
         torch.Size([10, 4, 3])
     """
 
+    default_step_size = 0.1
     default_target_accept = 0.65
 
+    @renamed_keywords(n_leapfrog="leapfrog_steps")
     def __init__(
         self,
         target: EnergyTarget,
-        step_size: float = 0.1,
-        n_leapfrog: int = 10,
+        step_size: float | None = None,
+        leapfrog_steps: int = 10,
         *,
         adapt_step_size: bool = True,
         target_accept: float | None = None,
     ) -> None:
         super().__init__(target, step_size, adapt_step_size=adapt_step_size, target_accept=target_accept)
-        if not isinstance(n_leapfrog, int) or n_leapfrog < 1:
-            raise ValueError(f"HMC: expected n_leapfrog to be a positive int, got {n_leapfrog!r}")
-        self.n_leapfrog = n_leapfrog
+        if not isinstance(leapfrog_steps, int) or isinstance(leapfrog_steps, bool) or leapfrog_steps < 1:
+            raise ValueError(f"HMC: expected leapfrog_steps to be a positive int, got {leapfrog_steps!r}")
+        self.leapfrog_steps = leapfrog_steps
 
-    def _initial_state(self, x: Tensor) -> State:
-        return self._with_grad(State(x, torch.empty(0)))
+    n_leapfrog = deprecated_alias("n_leapfrog", "leapfrog_steps")
 
     def step(self, state: State, *, adapt: bool = False) -> tuple[State, StepInfo]:
         state = self._with_grad(state)
@@ -259,10 +241,10 @@ class HMC(_StepSizeKernel):
         momentum0 = torch.randn_like(state.x)
         p = torch.add(momentum0, state.grad, alpha=0.5 * eps)
         y = state.x
-        for i in range(self.n_leapfrog):
+        for i in range(self.leapfrog_steps):
             y = torch.add(y, p, alpha=eps)
             log_prob_y, grad_y = self._log_prob_and_grad(y)
-            p = p.add_(grad_y, alpha=eps if i < self.n_leapfrog - 1 else 0.5 * eps)
+            p = p.add_(grad_y, alpha=eps if i < self.leapfrog_steps - 1 else 0.5 * eps)
         log_ratio = (log_prob_y - state.log_prob) - 0.5 * (_dot(p, p) - _dot(momentum0, momentum0))
         accept_prob, accepted = metropolis_accept(log_ratio)
         new = State(
@@ -270,10 +252,7 @@ class HMC(_StepSizeKernel):
             torch.where(accepted, log_prob_y, state.log_prob),
             _keep_rejected(accepted, grad_y, state.grad),
         )
-        info = StepInfo(accept_prob, accepted)
-        if adapt:
-            self._adapt(info)
-        return new, info
+        return self._finish(new, accept_prob, accepted, adapt)
 
     def extra_repr(self) -> str:
-        return f"{super().extra_repr()}, n_leapfrog={self.n_leapfrog}"
+        return f"{super().extra_repr()}, leapfrog_steps={self.leapfrog_steps}"

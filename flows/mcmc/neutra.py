@@ -126,17 +126,14 @@ class NeuTra(Kernel):
         target: the energy target.
         flow: an unconditional :class:`~flows.Flow` on the target's event shape.
         inner: the local kernel class (or any callable ``(latent_target, **options) -> Kernel``).
-        **options: passed to ``inner`` (e.g. ``step_size``, ``n_leapfrog``).
+        **options: passed to ``inner`` (e.g. ``step_size``, ``leapfrog_steps``).
 
     Example:
         >>> import torch
         >>> from flows import Flow, LULinear, StandardNormal
         >>> from flows.mcmc import HMC, sample
-        >>> from flows.targets import EnergyTarget
-        >>> class Gaussian(EnergyTarget):
-        ...     def energy(self, x):
-        ...         return 0.5 * x.square().sum(-1)
-        >>> kernel = NeuTra(Gaussian(2), Flow(LULinear(2), StandardNormal(2)), inner=HMC, n_leapfrog=3)
+        >>> from flows.targets import Gaussian
+        >>> kernel = NeuTra(Gaussian(2), Flow(LULinear(2), StandardNormal(2)), inner=HMC, leapfrog_steps=3)
         >>> sample(kernel, torch.zeros(4, 2), 5).samples.shape
         torch.Size([5, 4, 2])
     """

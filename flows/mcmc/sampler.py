@@ -97,10 +97,7 @@ def sample(
     Example:
         >>> import torch
         >>> from flows.mcmc import MALA
-        >>> from flows.targets import EnergyTarget
-        >>> class Gaussian(EnergyTarget):
-        ...     def energy(self, x):
-        ...         return 0.5 * x.square().sum(-1)
+        >>> from flows.targets import Gaussian
         >>> trace = sample(MALA(Gaussian(2)), torch.zeros(10, 2), steps=40, warmup=20, thin=2)
         >>> trace.samples.shape, trace.accept_prob.shape
         (torch.Size([20, 10, 2]), torch.Size([40, 10]))

@@ -2,12 +2,19 @@ r""":class:`EquivariantCNF`: a continuous flow over particle configurations with
 
 from __future__ import annotations
 
+from collections.abc import Sequence
+from typing import Any
+
+from flows._deprecation import warn_deprecated
+from flows.architectures._arguments import check_count, check_hidden
 from flows.bijections.continuous import CNF
 from flows.flow import Flow
 from flows.nn.egnn import EGNN
 from flows.particles.mean_free import MeanFreeNormal
 
 __all__ = ["EquivariantCNF"]
+
+_HIDDEN = (32, 32, 32)
 
 
 class EquivariantCNF(Flow):
@@ -40,15 +47,16 @@ class EquivariantCNF(Flow):
     Args:
         n_particles: number of particles ``n``.
         spatial_dim: spatial dimension ``d``.
-        hidden: width of the EGNN.
-        layers: EGNN layers.
+        hidden: widths of the EGNN's message-passing layers, one entry per layer, all equal (an
+            EGNN keeps one width); the old form ``hidden=h, layers=n`` (one width and a count) is
+            deprecated and means ``hidden=(h,) * n``.
         method: ODE solver of the CNF.
         rtol, atol: its tolerances (the reference code of Klein et al. evaluates with dopri5 at 1e-4).
         **options: further :class:`~flows.CNF` keywords (``t0``, ``t1``, ``adjoint``, ``trace``, ...).
 
     Example:
         >>> import torch
-        >>> flow = EquivariantCNF(4, 2, hidden=8, layers=1)
+        >>> flow = EquivariantCNF(4, 2, hidden=(8,))
         >>> x, log_q = flow.sample_and_log_prob((3,))
         >>> x.shape, torch.allclose(flow.log_prob(x), log_q, atol=1e-3)
         (torch.Size([3, 8]), True)
@@ -59,14 +67,24 @@ class EquivariantCNF(Flow):
         n_particles: int,
         spatial_dim: int,
         *,
-        hidden: int = 32,
-        layers: int = 3,
+        hidden: Sequence[int] = _HIDDEN,
         method: str = "dopri5",
         rtol: float = 1e-5,
         atol: float = 1e-5,
-        **options,
+        **options: Any,
     ) -> None:
-        field = EGNN(n_particles, spatial_dim, hidden=hidden, layers=layers)
+        layers = options.pop("layers", None)
+        if layers is not None:  # the deprecated form: one width and a count
+            check_count("EquivariantCNF", "layers", layers)
+            if hidden is _HIDDEN or isinstance(hidden, int):
+                hidden = (32 if hidden is _HIDDEN else hidden,) * layers
+            warn_deprecated(f"EquivariantCNF: layers= is deprecated, pass one width per layer: hidden={hidden}")
+        hidden = check_hidden("EquivariantCNF", hidden, minimum_layers=1, int_layers=3)
+        if layers is not None and len(hidden) != layers:
+            raise ValueError(f"EquivariantCNF: expected {layers} hidden widths for layers={layers}, got {hidden}")
+        if len(set(hidden)) != 1:
+            raise ValueError(f"EquivariantCNF: expected equal hidden widths (an EGNN keeps one width), got {hidden}")
+        field = EGNN(n_particles, spatial_dim, hidden=hidden[0], layers=len(hidden))
         cnf = CNF(n_particles * spatial_dim, field=field, method=method, rtol=rtol, atol=atol, **options)
         super().__init__(cnf, MeanFreeNormal(n_particles, spatial_dim), context=0)
         self.n_particles, self.spatial_dim = n_particles, spatial_dim

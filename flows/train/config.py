@@ -23,7 +23,7 @@ from typing import Any
 
 from torch import nn
 
-__all__ = ["available_models", "build_model", "model_config", "register_model"]
+__all__ = ["available_models", "build_model", "fit_can_build", "model_config", "register_model"]
 
 _REGISTRY: dict[str, Callable[..., nn.Module]] = {}
 
@@ -61,9 +61,46 @@ def _architectures() -> dict[str, Callable[..., nn.Module]]:
     return found
 
 
-def available_models() -> list[str]:
-    """Names accepted as ``builder``: the paper-named architectures and registered builders."""
-    return sorted({**_architectures(), **_REGISTRY})
+def _builders() -> dict[str, Callable[..., nn.Module]]:
+    return {**_architectures(), **_REGISTRY}
+
+
+#: What ``flows fit`` passes to every builder: ``builder(features, context, transforms=..., hidden=...)``.
+_FIT_CALL = ((2, 0), {"transforms": 1, "hidden": [8]})
+
+
+def fit_can_build(builder: Callable[..., nn.Module]) -> bool:
+    """Whether ``flows fit`` can build and train ``builder``.
+
+    ``flows fit`` calls ``builder(features, context, transforms=T, hidden=[...], **options)`` on
+    vector data and trains by maximum likelihood, so a builder qualifies when its signature takes
+    those arguments (:meth:`inspect.Signature.bind`; a builder with ``**options`` takes anything)
+    and it does not declare ``likelihood_trainable = False``. Glow (an image shape, ``levels`` and
+    ``steps``) and :class:`~flows.architectures.FreeFormInjectiveFlow` (trained by its own
+    objective, ``latent_features`` required) do not.
+    """
+    if not getattr(builder, "likelihood_trainable", True):
+        return False
+    args, kwargs = _FIT_CALL
+    try:
+        inspect.signature(builder).bind(*args, **kwargs)
+    except (TypeError, ValueError):
+        return False
+    return True
+
+
+def available_models(*, fit: bool = True) -> list[str]:
+    """Builder names, sorted: the paper-named architectures and registered builders.
+
+    Args:
+        fit: only the builders ``flows fit`` can build and train (:func:`fit_can_build`), the list
+            ``flows models`` prints; ``False``: every name a config may use (Glow too).
+
+    Example:
+        >>> "RealNVP" in available_models(), "Glow" in available_models(), "Glow" in available_models(fit=False)
+        (True, False, True)
+    """
+    return sorted(name for name, builder in _builders().items() if not fit or fit_can_build(builder))
 
 
 def _layers() -> dict[str, type]:
@@ -98,7 +135,7 @@ def model_config(
     """Make (and validate) a config for :func:`build_model`.
 
     Args:
-        builder: a name from :func:`available_models`.
+        builder: a name from ``available_models(fit=False)``.
         features: data dimension (or event shape) passed as the builder's first argument.
         context: context width.
         preprocessing: layer names or ``(name, options)`` pairs placed before the builder's transform.
@@ -108,8 +145,9 @@ def model_config(
         ValueError: for an unknown builder or layer name.
         TypeError: for options that are not JSON values.
     """
-    if builder not in available_models():
-        raise ValueError(f"model config: unknown builder {builder!r}; expected one of {available_models()}")
+    names = available_models(fit=False)
+    if builder not in names:
+        raise ValueError(f"model config: unknown builder {builder!r}; expected one of {names}")
     layers = _layers()
     pre = []
     for item in preprocessing:
@@ -137,7 +175,7 @@ def build_model(config: dict[str, Any]) -> nn.Module:
     if not isinstance(config, dict) or "builder" not in config or "features" not in config:
         raise ValueError(f"model config: expected a dict with 'builder' and 'features', got {config!r}")
     name = config["builder"]
-    builders = {**_architectures(), **_REGISTRY}
+    builders = _builders()
     if name not in builders:
         raise ValueError(
             f"model config: unknown builder {name!r}; expected one of {sorted(builders)} "

@@ -39,7 +39,9 @@ CASES.append(
     Case(
         "glow-shared-conditioner",
         _seeded(
-            lambda: flows.Glow((1, 8, 8), levels=2, steps=2, hidden=8, share_conditioner=True, embedding=2).transform
+            lambda: (
+                flows.Glow((1, 8, 8), levels=2, steps=2, hidden=(8, 8), share_conditioner=True, embedding=2).transform
+            )
         ),
         (1, 8, 8),
         domain="unit",

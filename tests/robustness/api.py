@@ -281,7 +281,7 @@ def _registry_attacks() -> list[Attack]:
 
 _SMALL = {"transforms": 1, "hidden": (8,)}
 _BUILDER_ARGS: dict[str, tuple[tuple, dict]] = {
-    "Glow": (((1, 4, 4),), {"levels": 1, "steps": 1, "hidden": 4}),
+    "Glow": (((1, 4, 4),), {"levels": 1, "steps": 1, "hidden": (4, 4)}),
     "FFJORD": ((3,), {"hidden": (8,), "rtol": 1e-3, "atol": 1e-3, "trace": "exact"}),
     "FreeFormInjectiveFlow": ((3,), {"latent_features": 2, "hidden": (8,)}),
 }
@@ -297,8 +297,6 @@ def _build(name: str, context: int = 0, **override):
     cls = _builders()[name]
     args, kwargs = _BUILDER_ARGS.get(name, ((3,), dict(_SMALL)))
     kwargs = {**kwargs, **override}
-    if "hidden" in override and name == "Glow":
-        kwargs["hidden"] = override["hidden"][0] if isinstance(override["hidden"], tuple) else override["hidden"]
     torch.manual_seed(0)
     return cls(*args, context, **kwargs) if context else cls(*args, **kwargs)
 
@@ -559,11 +557,11 @@ def _kernel_recipes() -> dict[str, Callable[[object], object]]:
     return {
         "RandomWalk": lambda t: mcmc.RandomWalk(t),
         "MALA": lambda t: mcmc.MALA(t),
-        "HMC": lambda t: mcmc.HMC(t, n_leapfrog=2),
+        "HMC": lambda t: mcmc.HMC(t, leapfrog_steps=2),
         "IMH": lambda t: mcmc.IMH(t, flow()),
         "ISIR": lambda t: mcmc.ISIR(t, flow(), n_proposals=2),
         "NeuTra": lambda t: mcmc.NeuTra(t, flow()),
-        "GlobalLocal": lambda t: mcmc.GlobalLocal(mcmc.IMH(t, flow()), mcmc.MALA(t), n_local=1),
+        "GlobalLocal": lambda t: mcmc.GlobalLocal(mcmc.IMH(t, flow()), mcmc.MALA(t), local_steps=1),
     }
 
 
