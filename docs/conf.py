@@ -35,12 +35,12 @@ def public_modules() -> list[str]:
 
     Modules or package parts whose name starts with an underscore are private; ``flows.cli`` is
     documented as a command instead (``docs/guide/cli.md``); the old paths of moved modules
-    (``flows._deprecated.MOVED_MODULES``) are aliases of their new modules.
+    (``flows._deprecation.MOVED_MODULES``) are aliases of their new modules.
     """
     import warnings
 
     import flows
-    from flows._deprecated import MOVED_MODULES
+    from flows._deprecation import MOVED_MODULES
 
     names = []
     with warnings.catch_warnings():

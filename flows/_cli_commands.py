@@ -1,5 +1,5 @@
 """Deprecated import path: this module moved to :mod:`flows.cli.commands` (``docs/architecture.md``)."""
 
-from flows._deprecated import moved_module
+from flows._deprecation import moved_module
 
 moved_module(__name__)

@@ -14,7 +14,7 @@ from pathlib import Path
 
 import pytest
 
-from flows._deprecated import MOVED_MODULES
+from flows._deprecation import MOVED_MODULES
 
 PACKAGE = Path(__file__).resolve().parents[1] / "flows"
 
@@ -25,7 +25,7 @@ LAYERS: dict[str, int] = {
     "_energy": 0,
     "_lazy": 0,
     "_malloc": 0,
-    "_deprecated": 0,
+    "_deprecation": 0,
     # 1: networks and base distributions
     "nn": 1,
     "distributions": 1,
@@ -57,7 +57,7 @@ def _modules() -> list[tuple[str, Path]]:
     for path in sorted(PACKAGE.rglob("*.py")):
         parts = path.relative_to(PACKAGE.parent).with_suffix("").parts
         name = ".".join(parts[:-1] if parts[-1] == "__init__" else parts)
-        if name not in MOVED_MODULES:  # the old paths are aliases: they import only flows._deprecated
+        if name not in MOVED_MODULES:  # the old paths are aliases: they import only flows._deprecation
             found.append((name, path))
     return found
 

@@ -69,3 +69,26 @@ def test_a_registered_builder_is_listed_only_when_fit_can_call_it(monkeypatch) -
     assert "needs-latent" in available_models(fit=False)
     model = build_model(model_config("needs-latent", 3, latent_features=5))
     assert model.log_prob(torch.randn(2, 3)).shape == (2,)
+
+
+def test_an_old_keyword_through_option_still_works_under_its_new_name(table: Path, tmp_path: Path, capsys) -> None:
+    """``--option time=`` (FFJORD's old name for ``t1``) warns on stderr and trains with ``t1``."""
+    import json
+
+    out = tmp_path / "ffjord"
+    command = ["fit", "--data", str(table), "--model", "FFJORD", "--out", str(out), "--epochs", "1"]
+    tiny = ["--transforms", "1", "--hidden", "4", "--batch-size", "64", "--threads", "1", "--quiet", "--no-plots"]
+    assert main([*command, *tiny, "--option", "time=0.5"]) == 0
+    assert "--option time= is deprecated, use t1=" in capsys.readouterr().err
+    config = json.loads((out / "run.json").read_text())
+    assert "0.5" in json.dumps(config) and '"time"' not in json.dumps(config)
+    from flows import CNF
+
+    times = [layer.t1 for layer in load_model(out / "model.ckpt").modules() if isinstance(layer, CNF)]
+    assert times == [pytest.approx(0.5)]
+
+
+def test_fit_refuses_a_builder_it_cannot_build(table: Path, tmp_path: Path, capsys) -> None:
+    command = ["fit", "--data", str(table), "--model", "Glow", "--out", str(tmp_path / "g"), "--epochs", "1"]
+    assert main([*command, "--quiet", "--no-plots"]) == 2
+    assert "Glow" in capsys.readouterr().err

@@ -272,7 +272,7 @@ def test_options_the_command_line_cannot_carry_are_refused(tmp_path: Path, capsy
     for argv, message in (
         (["--option", "activation=Foo"], "--option activation: expected a plain value (number, string, bool, null)"),
         (["--option", "hidden=[0]"], "--option hidden=...: expected --hidden to set the hidden"),
-        (["--model", "Glow"], "--model Glow: expected a builder with transforms= and hidden= options"),
+        (["--model", "Glow"], "--model Glow: expected a builder that flows fit can build and train"),
     ):
         code, err = _run(["fit", "--data", "moons", *argv, "--out", str(tmp_path / "o"), *TINY], capsys)
         assert code == 2

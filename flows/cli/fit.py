@@ -29,7 +29,7 @@ def _check_options(builder_name: str, options: list[tuple[str, object]]) -> None
     """
     import inspect
 
-    from flows.train.config import _architectures
+    from flows.train.config import _architectures, fit_can_build
 
     builder = _architectures().get(builder_name)
     if builder is None:
@@ -37,12 +37,17 @@ def _check_options(builder_name: str, options: list[tuple[str, object]]) -> None
     parameters = inspect.signature(builder).parameters
     takes_any = any(p.kind is inspect.Parameter.VAR_KEYWORD for p in parameters.values())
     names = [n for n, p in parameters.items() if p.kind is inspect.Parameter.KEYWORD_ONLY]
-    if not takes_any and not {"transforms", "hidden"} <= set(names):
+    if not fit_can_build(builder):
         raise ValueError(
-            f"--model {builder_name}: expected a builder with transforms= and hidden= options (a flow on vectors), "
-            f"got one with {names}; build {builder_name} from Python"
+            f"--model {builder_name}: expected a builder that flows fit can build and train (see flows models), "
+            f"got one with options {names}; build {builder_name} from Python"
         )
-    for key, value in options:
+    renamed = getattr(builder.__init__ if isinstance(builder, type) else builder, "renamed_keywords", {})
+    for i, (key, value) in enumerate(options):
+        if key in renamed:  # an old keyword: still accepted for one release, under its new name
+            print(f"flows fit: warning: --option {key}= is deprecated, use {renamed[key]}=", file=sys.stderr)
+            key = renamed[key]
+            options[i] = (key, value)
         if key in ("transforms", "hidden"):
             raise ValueError(f"--option {key}=...: expected --{key} to set the {key}, got it as an --option")
         if key not in parameters or parameters[key].kind is not inspect.Parameter.KEYWORD_ONLY:
