@@ -21,7 +21,7 @@ def _one_thread():
 
 def _moved_module_files() -> list[str]:
     """The files left at the old paths of moved modules: aliases of the new modules (their doctests run there)."""
-    from flows._deprecated import MOVED_MODULES
+    from flows._deprecation import MOVED_MODULES
 
     return [name.replace(".", "/") + ".py" for name in MOVED_MODULES]
 
