@@ -284,3 +284,17 @@ def test_fit_with_compile_trains_the_same_model(tmp_path: Path, capsys, monkeypa
     capsys.readouterr()
     assert len(compiled) == 1, "--compile did not reach torch.compile (or the plain run compiled too)"
     assert results[1] == pytest.approx(results[0], rel=1e-4)
+
+
+def test_help_opens_with_what_the_command_does(capsys) -> None:
+    """The summary comes from the package's own words, not from an internal module's docstring."""
+    import flows.cli
+
+    with pytest.raises(SystemExit) as stopped:
+        main(["--help"])
+    assert stopped.value.code == 0
+    out = capsys.readouterr().out
+    first = flows.cli.__doc__.split("\n\n")[0].replace("``", "")
+    assert first in out and "argument parser" not in out
+    for command in ("fit", "eval", "sample", "check", "models"):
+        assert command in out

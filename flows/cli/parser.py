@@ -14,6 +14,9 @@ import torch
 from flows import __version__
 from flows.cli.exit_codes import EXIT_CODES
 
+#: The first line of ``flows --help``.
+_COMMAND_SUMMARY = "The flows command: fit a flow to data, evaluate it, sample from it, check its transforms."
+
 __all__: list[str] = []
 
 _MAX_SEED = 2**63 - 1
@@ -109,7 +112,7 @@ def _parser() -> argparse.ArgumentParser:
 
     parser = _Parser(
         prog="flows",
-        description=__doc__.split("\n\n")[0].replace("``", ""),
+        description=_COMMAND_SUMMARY,
         formatter_class=argparse.RawDescriptionHelpFormatter,
     )
     codes = "\n".join(f"  {code:>3}  {meaning}" for code, meaning in EXIT_CODES.items())
