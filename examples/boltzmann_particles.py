@@ -63,6 +63,9 @@ def main(argv: list[str] | None = None) -> dict[str, float]:
     parser.add_argument(
         "--eval-dtype", choices=["float32", "float64"], default="float64", help="dtype of the NLL and ESS solves"
     )
+    parser.add_argument(
+        "--ema", type=float, default=0.0, help="evaluate an exponential moving average of the weights with this decay"
+    )
     parser.add_argument("--threads", type=int, default=1)
     parser.add_argument("--seed", type=int, default=0)
     parser.add_argument("--data-dir", default=os.environ.get("FLOWS_DATA_DIR"))
@@ -89,6 +92,13 @@ def main(argv: list[str] | None = None) -> dict[str, float]:
     }
     objective = FlowMatching(coupling=couplings[args.coupling])
     optimizer = torch.optim.Adam(flow.parameters(), lr=args.lr)
+    if not 0.0 <= args.ema < 1.0:
+        parser.error(f"--ema: expected a decay in [0, 1), got {args.ema}")
+    average = None
+    if args.ema > 0:  # the weights' exponential moving average (the flow keeps training the raw weights)
+        from torch.optim.swa_utils import AveragedModel, get_ema_multi_avg_fn
+
+        average = AveragedModel(flow, multi_avg_fn=get_ema_multi_avg_fn(args.ema), use_buffers=True)
 
     start, step = time.perf_counter(), 0
     while (elapsed := time.perf_counter() - start) < args.seconds and (args.steps is None or step < args.steps):
@@ -100,10 +110,14 @@ def main(argv: list[str] | None = None) -> dict[str, float]:
         optimizer.zero_grad(set_to_none=True)
         loss.backward()
         optimizer.step()
+        if average is not None:
+            average.update_parameters(flow)
         step += 1
         if step % 200 == 0:
             print(f"step {step}: flow-matching loss {loss.item():.3f}", flush=True)
     train_s = time.perf_counter() - start
+    if average is not None:
+        flow.load_state_dict(average.module.state_dict())
 
     args.out.mkdir(parents=True, exist_ok=True)
     torch.save(flow.state_dict(), args.out / "model.pt")  # before the (long) evaluation

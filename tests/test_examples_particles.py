@@ -48,3 +48,20 @@ def test_particles_benchmark_smoke(capsys) -> None:
     assert set(results["speed"]) == {"divergence (ours)", "dense hand JVPs", "batched reverse", "naive per-coordinate"}
     out = capsys.readouterr().out
     assert "trained on train (100k), tested on test" in out and "ours vs naive" in out
+
+
+def test_particles_example_ema_evaluates_the_average_of_the_weights(tmp_path: Path) -> None:
+    """``--ema 0.5`` after two steps saves (w1 + w2) / 2, w_k the weights after step k (same seed, same draws)."""
+    import torch
+
+    tiny = ["--hidden", "8", "--layers", "1", "--batch", "8", "--test", "4", "--samples", "8", "--tol", "1e-3"]
+    main = _main("examples", "boltzmann_particles.py")
+    weights = {}
+    runs = {"w1": ["--steps", "1"], "w2": ["--steps", "2"], "ema": ["--steps", "2", "--ema", "0.5"]}
+    for name, extra in runs.items():
+        main([*tiny, *extra, "--out", str(tmp_path / name)])
+        weights[name] = torch.load(tmp_path / name / "model.pt")
+    assert any(not torch.equal(weights["w1"][k], weights["w2"][k]) for k in weights["w1"])
+    for key, value in weights["ema"].items():
+        if value.is_floating_point():
+            torch.testing.assert_close(value, 0.5 * (weights["w1"][key] + weights["w2"][key]))
