@@ -19,10 +19,13 @@ machine may be shared, so wall-clock numbers are only comparable within one run)
 * ``paths``: mean straight transport path length ‖x − z‖ of the three couplings on the same data
   and base batches (Klein et al. 2023, Table 2's quantity).
 * ``speed``: samples per second of the exact-trace NLL and of sampling with log q, LJ13-sized EGNN
-  3 x 32, dopri5 at ``--rtol``/``--atol``, the same solver and field for three trace
-  implementations: the EGNN's hand-propagated JVPs (ours), batched reverse mode
-  (``is_grads_batched``, the CNF's fallback) and the naive one backward pass per coordinate of the
-  reference code. Same batch, same step sequence (the NFE is printed).
+  3 x 32, dopri5 at ``--rtol``/``--atol``, the same weights, solver and step sequence (the NFE is
+  printed) for every trace: the EGNN's forward-mode ``divergence`` (ours), its dense JVPs of all
+  ``n·d`` tangents, batched reverse mode (``is_grads_batched``, the CNF's fallback), one backward
+  pass per coordinate on our dense EGNN, and two stand-ins for the reference code of Klein et al.
+  (2023), which cannot be run here: the same field in its edge-list formulation with bgflow's
+  brute-force trace (``create_graph=True``), and with one leaf per coordinate (the later scripts
+  of the same group). Rounds interleave the traces (``--speed-repeats``); medians are printed.
 
 Usage::
 
@@ -36,6 +39,7 @@ from __future__ import annotations
 import argparse
 import math
 import os
+import statistics
 import time
 
 import torch
@@ -55,6 +59,7 @@ from flows.particles import (
     nll_conventions,
     particle_nll,
     path_lengths,
+    remove_mean,
 )
 from flows.targets import DW4, LJ13
 from flows.train.flow_matching import FlowMatching
@@ -64,6 +69,9 @@ REFERENCE = {  # the reference code of Klein et al. (2023), run on this machine 
     "dw4": "Klein et al. reference code, 10 min here: NLL 1.70 ± 0.06 (bgflow) = 7.21 normalised, ESS 0.87",
     "lj13": "Klein et al. reference code, 12 min here (val 10k): NLL -14.96 ± 0.41 (bgflow) = 18.12 normalised",
 }
+
+
+REFERENCE_SPEED = (0.83, 0.56)  # reference code, LJ13 (issue 18): 1.2 s per NLL sample, 1.8 s per draw with log q
 
 
 class NaiveField(nn.Module):
@@ -110,6 +118,89 @@ class BatchedReverseField(nn.Module):
 
     def forward(self, t: Tensor, z: Tensor) -> Tensor:
         return self.inner(t, z)
+
+
+class EdgeListEGNN(nn.Module):
+    """The same function as a given :class:`EGNN` (its parameters), in the reference code's formulation.
+
+    The reference implementation of Klein et al. (2023) builds on Satorras et al.'s public EGNN:
+    the nodes of the whole batch as one ``(N·n, hidden)`` table, the batch's ``N·n(n−1)``
+    ordered pairs as edge index lists, gathers ``h[rows]``, ``h[cols]``, ``x[rows] − x[cols]``,
+    one MLP on each edge's concatenated features, and the messages summed back onto their nodes
+    by a scatter-add (their ``unsorted_segment_sum``). This re-states that formulation on the
+    weights of ``field``, so the field, the solver's step sequence and the NFE are the same as
+    ours (checked in ``tests/test_benchmark_particles_speed.py``); only the formulation and the trace differ.
+    """
+
+    def __init__(self, field: EGNN) -> None:
+        super().__init__()
+        self.inner = field
+        self._edges: dict[int, tuple[Tensor, Tensor]] = {}
+
+    def _batch_edges(self, batch: int) -> tuple[Tensor, Tensor]:
+        if batch not in self._edges:  # cached per batch size, as the reference code does
+            n = self.inner.n_particles
+            offset = torch.arange(batch)[:, None] * n
+            rows = (self.inner._rows[None] + offset).reshape(-1)
+            cols = (self.inner._cols[None] + offset).reshape(-1)
+            self._edges = {batch: (rows, cols)}
+        return self._edges[batch]
+
+    def forward(self, t: Tensor, z: Tensor) -> Tensor:
+        egnn, n, d = self.inner, self.inner.n_particles, self.inner.spatial_dim
+        batch = z.shape[0]
+        rows, cols = self._batch_edges(batch)
+        x0 = z.reshape(batch * n, d)
+        h = egnn._embed(torch.as_tensor(t, dtype=z.dtype), z.shape[:-1], batch)
+        h = h.expand(batch, n, egnn.hidden).reshape(batch * n, egnn.hidden)
+        d2_0 = (x0[rows] - x0[cols]).square().sum(-1, keepdim=True)
+        x = x0
+        for index, (edge, coord) in enumerate(zip(egnn.edge, egnn.coord, strict=True)):
+            diff = x[rows] - x[cols]
+            d2 = diff.square().sum(-1, keepdim=True)
+            m = edge(torch.cat((h[rows], h[cols], d2, d2_0), -1))
+            shift = diff * coord(m) * (d2 + 1).rsqrt()
+            x = x + torch.zeros_like(x).scatter_add_(0, rows[:, None].expand_as(shift), shift) / (n - 1)
+            if index < len(egnn.node):
+                agg = torch.zeros_like(h).scatter_add_(0, rows[:, None].expand_as(m), m)
+                h = h + egnn.node[index](torch.cat((h, agg), -1))
+        return remove_mean((x - x0).reshape(batch, n * d), n, d)
+
+
+class BruteForceField(nn.Module):
+    """The reference code's exact trace, bgflow's ``BruteForceEstimator``, as a ``divergence`` hook.
+
+    One reverse-mode pass per coordinate, ``autograd.grad(f[:, i], z, create_graph=True)``, of
+    which the ``i``-th column is kept. ``columns=True`` is the variant of the later scripts of the
+    same group (each coordinate its own leaf, so a pass stops at its column; no ``create_graph``).
+    """
+
+    def __init__(self, field: nn.Module, columns: bool = False) -> None:
+        super().__init__()
+        self.inner, self.columns = field, columns
+
+    def forward(self, t: Tensor, z: Tensor) -> Tensor:
+        return self.inner(t, z)
+
+    def divergence(self, t: Tensor, z: Tensor) -> tuple[Tensor, Tensor]:
+        with torch.enable_grad():
+            if self.columns:
+                leaves = [z[:, [i]].detach().requires_grad_(True) for i in range(z.shape[1])]
+                f = self.inner(t, torch.cat(leaves, 1))
+                div = sum(
+                    torch.autograd.grad(f[:, [i]], leaf, torch.ones_like(leaf), retain_graph=True)[0]
+                    for i, leaf in enumerate(leaves)
+                )
+            else:
+                z = z.detach().requires_grad_(True)
+                f = self.inner(t, z)
+                div = 0.0
+                for i in range(z.shape[1]):
+                    row = torch.autograd.grad(
+                        f[:, i], z, torch.ones_like(f[:, i]), create_graph=True, retain_graph=True
+                    )
+                    div = div + row[0][:, i]
+        return f.detach(), div.detach().reshape(-1)
 
 
 class MeanFreeTimeMLP(nn.Module):
@@ -304,24 +395,52 @@ def speed(args) -> dict:
         "dense hand JVPs": JVPField(egnn),
         "batched reverse": BatchedReverseField(egnn),
         "naive per-coordinate": NaiveField(egnn),
+        "reference formulation": BruteForceField(EdgeListEGNN(egnn)),
+        "reference, column leaves": BruteForceField(EdgeListEGNN(egnn), columns=True),
     }
-    print(f"\nLJ13 exact log q, EGNN 3x32, dopri5 rtol={args.rtol:g} atol={args.atol:g}, batch {len(x)}, float32")
-    print(f"{'trace':<22}{'NLL samples/s':>15}{'NFE':>6}{'draw+log q samples/s':>22}{'NFE':>6}")
-    out = {}
-    for name, field in fields.items():
-        flow = Flow(CNF(n * d, field=field, rtol=args.rtol, atol=args.atol), MeanFreeNormal(n, d)).eval()
-        torch.manual_seed(args.seed)
-        t_nll, nfe_nll = _time(flow, x, False)
-        torch.manual_seed(args.seed)
-        t_draw, nfe_draw = _time(flow, x, True)
-        out[name] = {"nll_per_s": len(x) / t_nll, "draw_per_s": len(x) / t_draw, "nfe": (nfe_nll, nfe_draw)}
-        print(f"{name:<22}{len(x) / t_nll:>15.2f}{nfe_nll:>6}{len(x) / t_draw:>22.2f}{nfe_draw:>6}", flush=True)
-    base = out["naive per-coordinate"]
-    ours = out["divergence (ours)"]
+    selected = args.speed_fields or list(fields)
+    unknown = sorted(set(selected) - set(fields))
+    if unknown or "divergence (ours)" not in selected:
+        raise SystemExit(
+            f"--speed-fields: expected names among {sorted(fields)} including 'divergence (ours)', got {selected}"
+        )
     print(
-        f"ours vs naive: {ours['nll_per_s'] / base['nll_per_s']:.1f}x (NLL), "
-        f"{ours['draw_per_s'] / base['draw_per_s']:.1f}x "
-        "(sampling); reference code on this machine: ~0.83 samples/s NLL, ~0.56 samples/s sampling (issue 18)"
+        f"\nLJ13 exact log q, EGNN 3x32, dopri5 rtol={args.rtol:g} atol={args.atol:g}, batch {len(x)}, float32; "
+        f"medians of {args.speed_repeats} interleaved rounds"
+    )
+    flows_ = {
+        name: Flow(CNF(n * d, field=fields[name], rtol=args.rtol, atol=args.atol), MeanFreeNormal(n, d)).eval()
+        for name in selected
+    }
+    times: dict[str, dict[str, list[float]]] = {name: {"nll": [], "draw": []} for name in selected}
+    nfe: dict[str, tuple[int, int]] = {}
+    for _ in range(args.speed_repeats):  # interleaved: machine load hits every trace alike
+        for name, flow in flows_.items():
+            torch.manual_seed(args.seed)
+            t_nll, nfe_nll = _time(flow, x, False)
+            torch.manual_seed(args.seed)
+            t_draw, nfe_draw = _time(flow, x, True)
+            times[name]["nll"].append(t_nll)
+            times[name]["draw"].append(t_draw)
+            nfe[name] = (nfe_nll, nfe_draw)
+    print(f"{'trace':<26}{'NLL samples/s':>15}{'NFE':>6}{'draw+log q samples/s':>22}{'NFE':>6}")
+    out = {}
+    for name in selected:
+        nll_per_s = len(x) / statistics.median(times[name]["nll"])
+        draw_per_s = len(x) / statistics.median(times[name]["draw"])
+        out[name] = {"nll_per_s": nll_per_s, "draw_per_s": draw_per_s, "nfe": nfe[name]}
+        print(f"{name:<26}{nll_per_s:>15.2f}{nfe[name][0]:>6}{draw_per_s:>22.2f}{nfe[name][1]:>6}")
+    ours = out["divergence (ours)"]
+    for name in [name for name in selected if name != "divergence (ours)"]:
+        base = out[name]
+        print(
+            f"ours vs {name}: {ours['nll_per_s'] / base['nll_per_s']:.1f}x (NLL), "
+            f"{ours['draw_per_s'] / base['draw_per_s']:.1f}x (sampling)"
+        )
+    print(
+        f"ours vs the reference code's figures on this machine (issue 18: ~{REFERENCE_SPEED[0]} samples/s NLL, "
+        f"~{REFERENCE_SPEED[1]} samples/s sampling, its own model): {ours['nll_per_s'] / REFERENCE_SPEED[0]:.1f}x, "
+        f"{ours['draw_per_s'] / REFERENCE_SPEED[1]:.1f}x"
     )
     return out
 
@@ -363,6 +482,8 @@ def main(argv: list[str] | None = None) -> dict:
     parser.add_argument("--mcmc-step", type=float, default=0.01)
     parser.add_argument("--path-samples", type=int, default=1024)
     parser.add_argument("--speed-batch", type=int, default=20)
+    parser.add_argument("--speed-repeats", type=int, default=1, help="interleaved rounds of the speed section")
+    parser.add_argument("--speed-fields", nargs="+", default=None, help="subset of the speed section's traces")
     parser.add_argument("--speed-checkpoint", default=None, help="EGNN state dict for the speed section")
     parser.add_argument("--threads", type=int, default=1)
     parser.add_argument("--seed", type=int, default=0)

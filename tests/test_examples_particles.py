@@ -45,7 +45,14 @@ def test_particles_benchmark_smoke(capsys) -> None:
     }
     assert all(r["steps"] == 2 and 0 < r["ess"] <= 1 for r in results["dw4"]["rows"].values())
     assert set(results["dw4_paths"]) == {"independent", "OT", "equivariant OT"}
-    assert set(results["speed"]) == {"divergence (ours)", "dense hand JVPs", "batched reverse", "naive per-coordinate"}
+    assert set(results["speed"]) == {
+        "divergence (ours)",
+        "dense hand JVPs",
+        "batched reverse",
+        "naive per-coordinate",
+        "reference formulation",
+        "reference, column leaves",
+    }
     out = capsys.readouterr().out
     assert "trained on train (100k), tested on test" in out and "ours vs naive" in out
 
