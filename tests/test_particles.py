@@ -91,10 +91,13 @@ def test_egnn_jvp_matches_autograd_jacobian() -> None:
     assert (jac @ ones).abs().max() < 1e-12 and (ones.T @ jac).abs().max() < 1e-12
 
 
+@pytest.mark.parametrize("contract", [False, True])
 @pytest.mark.parametrize(("n", "d", "layers"), [(4, 2, 1), (3, 2, 2), (4, 3, 3), (5, 2, 4)])
-def test_egnn_divergence_matches_the_autograd_trace(n: int, d: int, layers: int) -> None:
+def test_egnn_divergence_matches_the_autograd_trace(n: int, d: int, layers: int, contract: bool) -> None:
+    """Both routes through the last node update (dense tangents, or contracted with the last layer)."""
     torch.manual_seed(layers)
     field = EGNN(n, d, hidden=6, layers=layers).double()
+    field.contract_from = 0 if contract else 10**9
     with torch.no_grad():
         for p in field.parameters():
             p.add_(0.3 * torch.randn_like(p))
@@ -111,14 +114,16 @@ def test_egnn_divergence_matches_the_autograd_trace(n: int, d: int, layers: int)
     assert traces.abs().min() > 1e-4  # a zero trace would pass any implementation
     # scalar time, and differentiable: the gradient of the trace matches autograd through jacrev
     _, div0 = field.divergence(torch.tensor(0.4, dtype=F64), z[:2])
-    weight = field.coord[-1][-1].weight
-    (grad,) = torch.autograd.grad(div0.sum(), weight)
+    weights = [field.coord[-1][-1].weight, field.edge[-1][2].weight, field.edge[0][0].weight]
+    weights += [field.node[-1][0].weight] if layers > 1 else []
+    grads = torch.autograd.grad(div0.sum(), weights)
     expect = sum(
         torch.func.jacrev(lambda s, i=i: field(torch.tensor(0.4, dtype=F64), s[None])[0])(z[i]).trace()
         for i in range(2)
     )
-    (grad_ref,) = torch.autograd.grad(expect, weight)
-    torch.testing.assert_close(grad, grad_ref, atol=1e-12, rtol=0)
+    grads_ref = torch.autograd.grad(expect, weights)
+    for grad, grad_ref in zip(grads, grads_ref, strict=True):
+        torch.testing.assert_close(grad, grad_ref, atol=1e-11, rtol=0)
     with pytest.raises(ValueError, match=r"expected z of shape \(N, n·d\)"):
         field.divergence(torch.tensor(0.0), z[None])
 
