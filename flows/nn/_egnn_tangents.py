@@ -183,9 +183,11 @@ def _penultimate(
     scalar :math:`\Delta_{kj,a}`, one pull-back per particle ``k`` serves its ``d`` tangents.
     The message tangents of all pairs for every tangent (``n·d`` times the activations, the
     dense cost of a middle layer) are never formed; what is left is contracted with the node
-    tangents, which are ``n`` times smaller. Returns the state, the node features, the state
-    tangents, the node-feature tangents *without* this layer's messages, and the contracted
-    messages' share of the trace.
+    tangents, which are ``n`` times smaller. The rest of the last layer's reading of the node
+    tangents, :math:`\langle \Lambda, v_h \rangle` through the node update's skip and its own
+    block of :math:`W_{n0}`, is contracted here as well, so the last layer gets no node tangents.
+    Returns the state, the node features, the state tangents, ``None`` for the node-feature
+    tangents, and the node tangents' whole share of the trace.
     """
     n, hid = field.n_particles, field.hidden
     x, h, d2_0, diff0 = primal
@@ -223,7 +225,6 @@ def _penultimate(
     an = node[0](torch.cat((hh, (m * offdiag[..., None]).sum(2)), -1))
     gn = silu_grad(an)  # (N, i, hidden)
     w_n = node[0].weight
-    vh_part = vh + mm(gn[:, None, None] * mm(vh, w_n[:, :hid].contiguous()), node[2].weight)
     h = hh + node[2](node[1](an))
     # what the last layer reads: its pair gradients at the updated state
     last, lcoord = field.edge[index + 1], field.coord[index + 1]
@@ -240,9 +241,12 @@ def _penultimate(
     lam = beta * mm(lgrad, lw[:, hid : 2 * hid].T)  # Lambda^{(k,a)}_j / Delta_{kj,a}, j != k
     lam_self = torch.einsum("bkja,bkjh->bkah", ldiff * beta, mm(lgrad, lw[:, :hid].T))  # Lambda^{(k,a)}_k
     # pull back through the node update (W_n2, SiLU', the aggregate's block of W_n0) ...
-    w_agg = w_n[:, hid:].contiguous()
-    mu = mm(gn[:, None] * mm(lam, node[2].weight.T), w_agg.T)  # (N, k, i, hidden)
-    mu_self = mm(gn[:, :, None] * mm(lam_self, node[2].weight.T), w_agg.T)  # (N, k, a, hidden)
+    mu_node, mu = mm(gn[:, None] * mm(lam, node[2].weight.T), w_n.T).split(hid, -1)  # (N, k, i, hidden)
+    mu_node_self, mu_self = mm(gn[:, :, None] * mm(lam_self, node[2].weight.T), w_n.T).split(hid, -1)  # (N, k, a, h)
+    # the last layer's whole reading of the node tangents, but for this layer's messages: <Lambda + mu_node, v_h>
+    dvh = torch.einsum("bkai,bkaih->bkih", ldiff.permute(0, 1, 3, 2), vh)  # sum_a Delta_{ki,a} v_h^{(k,a)}_i
+    vh_kk = torch.diagonal(vh, dim1=1, dim2=3).permute(0, 3, 1, 2)  # (N, k, a, hidden): v_h^{(k,a)}_k
+    extra = ((lam + mu_node) * dvh).sum((1, 2, 3)) + ((lam_self + mu_node_self) * vh_kk).sum((1, 2, 3))
     # ... and through this layer's message MLP, pair by pair (the aggregate sums over j != i)
     g1 = g1 * offdiag[:, :, None]  # the diagonal pair (i, i) is not in the aggregate
     r = mm(g2[:, None] * mu[:, :, :, None], edge[2].weight.T)  # (N, k, i, j, hidden)
@@ -250,10 +254,10 @@ def _penultimate(
     r_self = g1[:, :, None] * mm(g2[:, :, None] * mu_self[:, :, :, None], edge[2].weight.T)  # j != k
     # contract with the first pre-activation's tangent W_a v_i + W_b v_j + w_d2 vd2_ij + w_d2_0 vd2_0_ij
     dk = ldiff.permute(0, 1, 3, 2)  # (N, k, a, i): Delta_{ki,a}
-    eye = torch.eye(n, dtype=x.dtype, device=x.device)[None, :, None, :, None]
-    u = dk[..., None] * r.sum(3)[:, :, None] + eye * r_self.sum(3)[:, :, :, None]  # sum over j, (N, k, a, i, h)
-    v = torch.einsum("bkai,bkijh->bkajh", dk, r) + r_self  # sum over i, (N, k, a, j, h)
-    extra = (mm(u, wa.T) * vh).sum((1, 2, 3, 4)) + (mm(v, wb.T) * vh).sum((1, 2, 3, 4))
+    # W_a v_i: the pull-backs summed over j, the axes folded into dvh as above
+    extra = extra + (mm(r.sum(3), wa.T) * dvh).sum((1, 2, 3)) + (mm(r_self.sum(3), wa.T) * vh_kk).sum((1, 2, 3))
+    v = torch.einsum("bkai,bkijh->bkajh", dk, r) + r_self  # W_b v_j: summed over i, (N, k, a, j, h)
+    extra = extra + (mm(v, wb.T) * vh).sum((1, 2, 3, 4))
     w_dist = torch.stack((w_d2, w_d2_0))  # the distance columns, as one product
     rd2, r0 = mm(r, w_dist).unbind(-1)  # (N, k, i, j)
     rd2_self, r0_self = mm(r_self, w_dist).unbind(-1)  # (N, k, a, j)
@@ -262,4 +266,4 @@ def _penultimate(
     extra = extra + (r0_self * d0).sum((1, 2, 3))  # i = k: d d2_0[k, j] = 2 diff0[k, j, a]
     r0_kik = torch.diagonal(r0, dim1=1, dim2=3).transpose(1, 2)  # (N, k, i): pair (i, k) of pull-back k
     extra = extra + (dk * r0_kik[:, :, None] * d0).sum((1, 2, 3))  # j = k: d d2_0[i, k] = 2 diff0[k, i, a]
-    return x, h, vx, vh_part, extra
+    return x, h, vx, None, extra
