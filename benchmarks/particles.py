@@ -25,7 +25,8 @@ machine may be shared, so wall-clock numbers are only comparable within one run)
   pass per coordinate on our dense EGNN, and two stand-ins for the reference code of Klein et al.
   (2023), which cannot be run here: the same field in its edge-list formulation with bgflow's
   brute-force trace (``create_graph=True``), and with one leaf per coordinate (the later scripts
-  of the same group). Rounds interleave the traces (``--speed-repeats``); medians are printed.
+  of the same group); ours also through ``torch.compile`` (``EGNN.compile_divergence``, its
+  compilation timed apart). Rounds interleave the traces (``--speed-repeats``); medians are printed.
 
 Usage::
 
@@ -390,8 +391,12 @@ def speed(args) -> dict:
         if any(key.startswith(prefix) for key in state):
             state = {key[len(prefix) :]: value for key, value in state.items() if key.startswith(prefix)}
         egnn.load_state_dict(state)
+    compiled = EGNN(n, d, hidden=32, layers=3)
+    compiled.load_state_dict(egnn.state_dict())
+    compiled.compile_divergence = True
     fields = {
         "divergence (ours)": egnn,
+        "ours, torch.compile": compiled,
         "dense hand JVPs": JVPField(egnn),
         "batched reverse": BatchedReverseField(egnn),
         "naive per-coordinate": NaiveField(egnn),
@@ -413,6 +418,10 @@ def speed(args) -> dict:
         for name in selected
     }
     times: dict[str, dict[str, list[float]]] = {name: {"nll": [], "draw": []} for name in selected}
+    if "ours, torch.compile" in flows_:  # compile outside the timed rounds: one shape serves both directions
+        start = time.perf_counter()
+        _time(flows_["ours, torch.compile"], x, False)
+        print(f"torch.compile of the divergence: {time.perf_counter() - start:.1f} s (first solve, not timed below)")
     nfe: dict[str, tuple[int, int]] = {}
     for _ in range(args.speed_repeats):  # interleaved: machine load hits every trace alike
         for name, flow in flows_.items():

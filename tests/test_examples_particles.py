@@ -47,6 +47,7 @@ def test_particles_benchmark_smoke(capsys) -> None:
     assert set(results["dw4_paths"]) == {"independent", "OT", "equivariant OT"}
     assert set(results["speed"]) == {
         "divergence (ours)",
+        "ours, torch.compile",
         "dense hand JVPs",
         "batched reverse",
         "naive per-coordinate",

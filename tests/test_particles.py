@@ -437,3 +437,31 @@ def test_boltzmann_evaluation_standard_error_survives_samples_of_huge_energy() -
     result = boltzmann_evaluation(flow, Clashing(), 20, batch_size=20, dtype=torch.float32)
     assert math.isfinite(result.mean_energy[0]) and math.isfinite(result.mean_energy[1])
     assert result.mean_energy[0] < 1e3  # the clashing half has no weight
+
+
+def test_egnn_compiled_divergence_is_the_eager_one() -> None:
+    """``compile_divergence``: the same field, trace and gradient, with the last chunk padded and cut."""
+    torch.manual_seed(3)
+    field = EGNN(5, 3, hidden=6, layers=3).double()
+    with torch.no_grad():
+        for p in field.parameters():
+            p.add_(0.3 * torch.randn_like(p))
+    gen = torch.Generator().manual_seed(8)
+    z = torch.randn(7, 15, generator=gen, dtype=F64)
+    t = torch.rand(7, generator=gen, dtype=F64)
+    field.divergence_chunk = 5**3 * 3 * 6 * 3  # chunks of 3: the last of the 7 rows is padded
+    eager = field.divergence(t, z)
+    field.compile_divergence = True
+    try:
+        compiled = field.divergence(t, z)
+        with torch.no_grad():  # as in an ODE solve: a scalar time, no graph
+            scalar = field.divergence(torch.tensor(0.25, dtype=F64), z)
+    finally:
+        field.compile_divergence = False
+    assert compiled[0].shape == (7, 15) and compiled[1].shape == (7,)
+    torch.testing.assert_close(compiled, eager, atol=1e-12, rtol=0)
+    torch.testing.assert_close(scalar, field.divergence(torch.tensor(0.25, dtype=F64), z), atol=1e-12, rtol=0)
+    weight = field.coord[-1][-1].weight
+    (grad,) = torch.autograd.grad(compiled[1].sum(), weight)
+    (grad_eager,) = torch.autograd.grad(eager[1].sum(), weight)
+    torch.testing.assert_close(grad, grad_eager, atol=1e-11, rtol=0)

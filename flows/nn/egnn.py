@@ -13,6 +13,8 @@ from flows.nn._particles import _check_sizes, remove_mean
 
 __all__ = ["EGNN"]
 
+_COMPILED = None  # exact_divergence through torch.compile, made on first use (EGNN.compile_divergence)
+
 
 def _mlp(sizes: list[int], activation: type[nn.Module], last_activation: bool) -> nn.Sequential:
     layers: list[nn.Module] = []
@@ -84,6 +86,11 @@ class EGNN(nn.Module):
 
     divergence_chunk: int = 2**22
     """Elements of the dense tangent tensor of :meth:`divergence` per chunk of the batch (cache-sized)."""
+
+    compile_divergence: bool = False
+    """Run :meth:`divergence` through ``torch.compile`` (inductor fuses its many small operations;
+    LJ13 on one CPU thread: 1.5x faster per call, after a compilation of about half a minute per
+    batch size). Opt-in: it needs a C++ compiler, and a short run does not repay the compilation."""
 
     contract_from: int = 18
     """:meth:`divergence` contracts the last node update with the last layer (``flows/nn/_egnn_tangents.py``) from
@@ -198,11 +205,34 @@ class EGNN(nn.Module):
         if z.dim() != 2:
             raise ValueError(f"EGNN.divergence: expected z of shape (N, n·d), got {tuple(z.shape)}")
         chunk = max(1, self.divergence_chunk // (self.n_particles**3 * self.spatial_dim * self.hidden))
+        if self.compile_divergence:
+            return self._compiled_divergence(t, z, min(chunk, z.shape[0]))
         if z.shape[0] > chunk:  # the dense tangents are n·d times the activations: keep them in cache
             t = t.expand(shape)
             parts = [exact_divergence(self, t[i : i + chunk], z[i : i + chunk]) for i in range(0, z.shape[0], chunk)]
             return torch.cat([p[0] for p in parts]), torch.cat([p[1] for p in parts])
         return exact_divergence(self, t, z)
+
+    def _compiled_divergence(self, t: Tensor, z: Tensor, chunk: int) -> tuple[Tensor, Tensor]:
+        """:func:`exact_divergence` through ``torch.compile``, every chunk of one shape (the last one padded)."""
+        global _COMPILED
+        if _COMPILED is None:
+            _COMPILED = torch.compile(exact_divergence, dynamic=False)
+        batch = z.shape[0]
+        pad = -batch % chunk  # the last chunk repeats the first row: one compiled shape per batch size
+        if pad:
+            z = torch.cat((z, z[:1].expand(pad, -1)))
+            t = torch.cat((t, t[:1].expand(pad))) if t.dim() else t
+        parts = []
+        try:
+            for i in range(0, z.shape[0], chunk):
+                parts.append(_COMPILED(self, t[i : i + chunk] if t.dim() else t, z[i : i + chunk]))
+        except Exception as error:  # a missing compiler or an unsupported backend: say which switch to turn
+            raise RuntimeError(
+                f"EGNN.divergence: torch.compile failed ({type(error).__name__}: {error}); "
+                "set compile_divergence = False to run it eagerly"
+            ) from error
+        return torch.cat([p[0] for p in parts])[:batch], torch.cat([p[1] for p in parts])[:batch]
 
     def jvp(self, t: Tensor, z: Tensor, tangents: Tensor) -> tuple[Tensor, Tensor]:
         r"""The field and :math:`J v` for a stack of tangents, propagated through the layers in forward mode.
