@@ -16,17 +16,21 @@ dopri5 at rtol = atol = 1e-5, exact trace at evaluation) and Adam:
 * ``fm-ot``: flow matching with exact minibatch optimal-transport couplings;
 * ``fm:256-256`` (``fm-ot:...``): the same with a field of other hidden widths.
 
-Flow matching takes ``--fm-lr``, ``--fm-batch`` and ``--sigma``. Every contender gets the same
-training time (``--budget`` seconds of its own steps, one thread); their steps are interleaved
-(the contender with the least training time so far steps next), so machine load hits all alike.
-Every ``--eval-every`` seconds of its training time a contender's validation NLL is measured by
-the ODE (exact trace; evaluation time is not counted). Reported per contender and seed: the final
-validation and test NLL, the training time at which the validation NLL first reaches the final
-validation NLL of ``ml`` (and its ratio to the budget), steps, median step time and the test NFE;
-then medians over seeds.
+Flow matching takes ``--fm-lr``, ``--fm-batch``, ``--sigma``, ``--fm-time-power`` (times
+``s = u^p``) and ``--fm-ema`` (evaluate an exponential moving average of the weights, this decay).
+Maximum likelihood trains for ``--budget`` seconds of its own steps, flow matching for
+``--fm-budget`` (default: the same), one thread; with ``--cosine`` each learning rate decays to 0
+over its own contender's budget. Steps are interleaved (of the contenders still within their
+budgets, the one with the least training time so far steps next), so machine load hits all alike
+while they run side by side. Every ``--eval-every`` seconds of its training time a contender's
+validation NLL is measured by the ODE (exact trace; evaluation time is not counted). Reported per
+contender and seed: the final validation and test NLL, the training time at which the validation
+NLL first reaches the final validation NLL of ``ml`` (and its ratio to ``ml``'s training time),
+steps, median step time and the test NFE; then medians over seeds.
 
-    python benchmarks/flow_matching.py --problem moons --budget 150 --eval-every 5 --seeds 0 1 \
-        --contenders ml fm fm:256-256 --fm-lr 1e-2 --sigma 0.05 --cosine        # ~25 min on a loaded machine
+    python benchmarks/flow_matching.py --problem moons --budget 300 --fm-budget 60 --eval-every 5 \
+        --seeds 0 1 --contenders ml fm fm:128-128 --fm-lr 1e-2 --fm-batch 1024 --sigma 0 \
+        --fm-ema 0.999 --fm-time-power 2 --cosine                              # ~20 min
     python benchmarks/flow_matching.py --problem miniboone --budget 120 --eval-every 6 --seeds 0 \
         --contenders ml fm fm:256-256 --fm-lr 3e-3 --sigma 0.05 --cosine        # ~15 min
 
@@ -44,6 +48,7 @@ from pathlib import Path
 
 import torch
 from torch import Tensor
+from torch.optim.swa_utils import AveragedModel, get_ema_multi_avg_fn
 
 import flows
 from flows.train import FlowMatching
@@ -56,11 +61,20 @@ class FMContender(Contender):
     """A flows FFJORD trained by flow matching (same field and solver as the ML contender)."""
 
     def __init__(
-        self, name: str, features: int, hidden: tuple[int, ...], objective: FlowMatching, lr: float, **options
+        self,
+        name: str,
+        features: int,
+        hidden: tuple[int, ...],
+        objective: FlowMatching,
+        lr: float,
+        ema: float = 0.0,
+        **options,
     ) -> None:
         super().__init__(name, flows.FFJORD(features, hidden=hidden, trace="exact", **options), "flows")
         self.objective = objective
         self.optimizer = torch.optim.Adam(self.model.parameters(), lr=lr)
+        # an exponential moving average of the weights (decay ``ema``), evaluated in their place
+        self.ema = AveragedModel(self.model, multi_avg_fn=get_ema_multi_avg_fn(ema)) if ema else None
 
     def step(self, x: Tensor) -> float:
         start = time.perf_counter()
@@ -68,8 +82,20 @@ class FMContender(Contender):
         self.optimizer.zero_grad(set_to_none=True)
         loss.backward()
         self.optimizer.step()
+        if self.ema is not None:
+            self.ema.update_parameters(self.model)
         self.step_times.append(time.perf_counter() - start)
         return float(loss.detach())
+
+    def test_nll(self, test: Tensor, chunk: int = 1000) -> tuple[Tensor, float]:
+        """Per-row NLL and mean NFE, of the averaged weights when there are any."""
+        if self.ema is None:
+            return super().test_nll(test, chunk)
+        model, self.model = self.model, self.ema.module
+        try:
+            return super().test_nll(test, chunk)
+        finally:
+            self.model = model
 
 
 def make(name: str, features: int, args: argparse.Namespace, seed: int) -> tuple[Contender, int]:
@@ -83,12 +109,12 @@ def make(name: str, features: int, args: argparse.Namespace, seed: int) -> tuple
     kind, _, widths = name.partition(":")
     if kind in ("fm", "fm-ot"):
         coupling = "ot" if kind == "fm-ot" else "independent"
-        objective = FlowMatching(sigma=args.sigma, coupling=coupling)
+        objective = FlowMatching(sigma=args.sigma, coupling=coupling, time_power=args.fm_time_power)
         fm_hidden = tuple(int(w) for w in widths.split("-")) if widths else hidden
         label = f"FFJORD, flow matching ({'OT' if coupling == 'ot' else 'independent'}, σ={args.sigma:g})"
         if fm_hidden != hidden:
             label = label[:-1] + f", {'-'.join(map(str, fm_hidden))})"
-        return FMContender(label, features, fm_hidden, objective, args.fm_lr), args.fm_batch
+        return FMContender(label, features, fm_hidden, objective, args.fm_lr, args.fm_ema), args.fm_batch
     raise ValueError(f"expected contenders among ml, fm, fm-ot, fm:<widths>, fm-ot:<widths>, got {name!r}")
 
 
@@ -105,12 +131,13 @@ def run_seed(args: argparse.Namespace, seed: int, train: Tensor, val: Tensor, te
     contenders = [c for c, _ in entries]
     batch = {c.name: b for c, b in entries}
     clock = {c.name: 0.0 for c in contenders}
+    budget = {c.name: args.budget if not isinstance(c, FMContender) else args.fm_budget for c in contenders}
     curves: dict[str, list[tuple[float, float, int]]] = {c.name: [] for c in contenders}
     marks = {c.name: args.eval_every for c in contenders}
     generator = torch.Generator().manual_seed(seed)
     orders = {c.name: iter(()) for c in contenders}
     while True:
-        active = [c for c in contenders if clock[c.name] < args.budget]
+        active = [c for c in contenders if clock[c.name] < budget[c.name]]
         if not active:
             break
         c = min(active, key=lambda c: clock[c.name])
@@ -123,11 +150,11 @@ def run_seed(args: argparse.Namespace, seed: int, train: Tensor, val: Tensor, te
             for group in c.optimizer.param_groups:
                 group.setdefault("initial_lr", group["lr"])
                 group["lr"] = (
-                    group["initial_lr"] * 0.5 * (1 + math.cos(math.pi * min(1.0, clock[c.name] / args.budget)))
+                    group["initial_lr"] * 0.5 * (1 + math.cos(math.pi * min(1.0, clock[c.name] / budget[c.name])))
                 )
         c.step(train[rows])
         clock[c.name] += c.step_times[-1]
-        if clock[c.name] >= marks[c.name] or clock[c.name] >= args.budget:
+        if clock[c.name] >= marks[c.name] or clock[c.name] >= budget[c.name]:
             curves[c.name].append((clock[c.name], nll(c, val)[0], len(c.step_times)))
             marks[c.name] += args.eval_every
     target = curves[contenders[0].name][-1][1]  # the first contender's (ml's) final validation NLL
@@ -169,13 +196,22 @@ def main(argv: list[str] | None = None) -> dict[str, dict[str, float]]:
     parser.add_argument("--ml-batch", type=int, default=256)
     parser.add_argument("--fm-batch", type=int, default=256)
     parser.add_argument("--fm-lr", type=float, default=LR)
-    parser.add_argument("--cosine", action="store_true", help="decay every learning rate to 0 over the time budget")
+    parser.add_argument(
+        "--fm-budget", type=float, default=None, help="training seconds of each flow-matching contender (--budget)"
+    )
+    parser.add_argument("--fm-ema", type=float, default=0.0, help="evaluate an EMA of the weights, this decay")
+    parser.add_argument("--fm-time-power", type=float, default=1.0, help="flow-matching times s = u^p, u ~ U(0, 1)")
+    parser.add_argument(
+        "--cosine", action="store_true", help="decay every learning rate to 0 over its contender's time budget"
+    )
     parser.add_argument("--sigma", type=float, default=0.0)
     parser.add_argument("--val-rows", type=float, default=0.1, help="fraction of the training rows for validation")
     parser.add_argument("--limit", type=int, default=None, help="use only this many train/test rows (smoke tests)")
     args = parser.parse_args(argv)
+    if args.fm_budget is None:
+        args.fm_budget = args.budget
     if args.eval_every is None:
-        args.eval_every = args.budget / 30
+        args.eval_every = min(args.budget, args.fm_budget) / 30
 
     torch.set_num_threads(1)
     train, test = load_problem(args.problem)
@@ -186,8 +222,9 @@ def main(argv: list[str] | None = None) -> dict[str, dict[str, float]]:
     val, train = train[perm[:n_val]], train[perm[n_val:]]
     print(
         f"problem {args.problem}: {len(train)} train / {len(val)} validation / {len(test)} test rows, "
-        f"D={train.shape[-1]}, budget {args.budget:g} s per contender, hidden {tuple(args.hidden)}, "
-        f"FM lr {args.fm_lr:g} batch {args.fm_batch} σ {args.sigma:g}, ML lr {LR:g} batch {args.ml_batch}, "
+        f"D={train.shape[-1]}, budget {args.budget:g} s (flow matching {args.fm_budget:g} s), hidden "
+        f"{tuple(args.hidden)}, FM lr {args.fm_lr:g} batch {args.fm_batch} σ {args.sigma:g} time power "
+        f"{args.fm_time_power:g} EMA {args.fm_ema:g}, ML lr {LR:g} batch {args.ml_batch}, "
         f"{'cosine' if args.cosine else 'constant'} lr, threads {torch.get_num_threads()}",
         flush=True,
     )
@@ -206,7 +243,8 @@ def main(argv: list[str] | None = None) -> dict[str, dict[str, float]]:
                 f"{name:52s} {r['val_nll']:8.3f} {r['test_nll']:9.3f} {r['reach_s']:8.1f} {r['reach_ratio']:6.2f} "
                 f"{r['reach_median_ratio']:6.2f} {r['steps']:6d} {r['median_step_ms']:7.2f} {r['test_nfe']:7.1f}"
             )
-            curve = "  ".join(f"{t:.0f}s:{v:.3f}" for t, v, _ in r["curve"][:: max(1, len(r["curve"]) // 8)])
+            points = sorted({round(i * (len(r["curve"]) - 1) / 9) for i in range(10)})  # ten, with the last
+            curve = "  ".join(f"{r['curve'][i][0]:.0f}s:{r['curve'][i][1]:.3f}" for i in points)
             print(f"    validation NLL curve  {curve}", flush=True)
     summary: dict[str, dict[str, float]] = {}
     names = list(per_seed[0])
@@ -226,8 +264,8 @@ def main(argv: list[str] | None = None) -> dict[str, dict[str, float]]:
         }
     print(f"\nmedians over seeds {args.seeds}: NLL in nats; 'reach' = training seconds until the validation NLL")
     print(
-        f"first reaches the final validation NLL of '{names[0]}' (ratio: to its {args.budget:g} s budget; inf: never;"
-        " ratio~: the same in steps x median step time, robust to stalls from other jobs)"
+        f"first reaches the final validation NLL of '{names[0]}' (ratio: to its {args.budget:g} s of training;"
+        " inf: never; ratio~: the same in steps x median step time, robust to stalls from other jobs)"
     )
     header = (
         f"{'contender':52s} {'test NLL':>9s} {'val NLL':>8s} {'reach s':>8s} {'ratio':>6s} {'ratio~':>6s} "
