@@ -56,7 +56,7 @@ def test_particles_benchmark_smoke(capsys) -> None:
         "reference, column leaves",
     }
     out = capsys.readouterr().out
-    assert "trained on train (100k), tested on test" in out and "ours vs naive" in out
+    assert "trained on train (100k), tested on test" in out and "divergence (ours) vs naive per-coordinate" in out
 
 
 def test_particles_example_ema_evaluates_the_average_of_the_weights(tmp_path: Path) -> None:
