@@ -2,10 +2,12 @@
 
 from __future__ import annotations
 
+import contextlib
 import os
 import subprocess
 import sys
-from collections.abc import Sequence
+import warnings
+from collections.abc import Iterator, Sequence
 from pathlib import Path
 
 from flows.cli.exit_codes import EXIT_CODES
@@ -56,7 +58,8 @@ def main(argv: Sequence[str] | None = None) -> int:
             return _launch(argv, args.nproc)
         from flows.cli.commands import command
 
-        return command(args.command)(args)
+        with _one_line_warnings(args.command):
+            return command(args.command)(args)
     except TrainingDiverged as error:
         return _fail(args.command, error, 1)
     except (ValueError, TypeError, CheckpointError, ImportError, RuntimeError, MemoryError) as error:
@@ -75,6 +78,25 @@ def main(argv: Sequence[str] | None = None) -> int:
             "set FLOWS_TRACEBACK=1 to see the traceback and please report it",
             3,
         )
+
+
+@contextlib.contextmanager
+def _one_line_warnings(name: str) -> Iterator[None]:
+    """Warnings raised during a command print as ``flows NAME: warning: ...``, one line, like the CLI's own.
+
+    Python's default format is two lines with a file path and a source line; the progress bar
+    writes warnings through the same ``warnings.formatwarning``, so both get this format.
+    """
+    original = warnings.formatwarning
+
+    def one_line(message, category, filename, lineno, line=None) -> str:
+        return f"flows {name}: warning: {_one_line(str(message))}\n"
+
+    warnings.formatwarning = one_line
+    try:
+        yield
+    finally:
+        warnings.formatwarning = original
 
 
 def _one_line(text: str) -> str:
