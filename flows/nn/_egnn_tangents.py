@@ -45,15 +45,29 @@ def edge_tangents(
     keep, ``va`` is overwritten.
     """
     g1, g2, g3 = (silu_grad(a) for a in pre)
-    gm = mm(g3 * coord[2].weight[0], coord[0].weight.T)  # d c / d m, (..., hidden) on the primal
+    gm = message_gradient(coord, g3)  # (..., hidden) on the primal
     if not messages:
-        ga = g1 * mm(g2 * gm, edge[2].weight.T)  # d c / d a1
-        return None, (va * ga).sum(-1, keepdim=True)
+        return None, (va * preactivation_gradient(edge, g1, g2, gm)).sum(-1, keepdim=True)
     if va.requires_grad:
         vm = g2 * mm(g1 * va, edge[2].weight)
     else:
         vm = mm(va.mul_(g1), edge[2].weight).mul_(g2)
     return vm, (vm * gm).sum(-1, keepdim=True)
+
+
+def message_gradient(coord: nn.Sequential, g3: Tensor) -> Tensor:
+    r"""``d c / d m`` of the coordinate weight :math:`c = w_3^\top \sigma(W_c m + b_c) + b_3`; ``g3 = σ'(·)``."""
+    return mm(g3 * coord[2].weight[0], coord[0].weight.T)
+
+
+def preactivation_gradient(edge: nn.Sequential, g1: Tensor, g2: Tensor, gm: Tensor) -> Tensor:
+    """``d c / d a1``: ``gm`` pulled back through the message MLP (``g1``, ``g2`` its SiLUs' derivatives)."""
+    return g1 * mm(g2 * gm, edge[2].weight.T)
+
+
+def distance_tangent(vx: Tensor, diff: Tensor) -> Tensor:
+    """Tangents ``(N, k, a, i, j)`` of all squared distances, ``2 diff_ij · (v_i - v_j)``, without ``v_i - v_j``."""
+    return 2 * (torch.einsum("bkaid,bijd->bkaij", vx, diff) - torch.einsum("bkajd,bijd->bkaij", vx, diff))
 
 
 def silu_grad(a: Tensor) -> Tensor:
@@ -81,14 +95,17 @@ def exact_divergence(field: EGNN, t: Tensor, z: Tensor) -> tuple[Tensor, Tensor]
     vd2_0_row = 2 * diff0.transpose(-1, -2)[..., None]  # (N, k, a, j, 1): d d2_0[k, j] / dz_{k,a}
     x, vx, vh = x0, None, None  # tangents: (N, k, a, i, d) and (N, k, a, i, hidden)
     trace = z.new_zeros(batch)
+    primal = None  # the last layer's, when the contraction has computed it
     for index, (edge, coord) in enumerate(zip(field.edge, field.coord, strict=True)):
-        diff = x[:, :, None] - x[:, None, :]
-        d2 = diff.square().sum(-1, keepdim=True)
-        a1 = field._edge_input(index, h, d2, d2_0)
-        m1 = edge[1](a1)
-        a2 = edge[2](m1)
-        m = edge[3](a2)
-        c1 = coord[0](m)
+        if primal is None:
+            diff = x[:, :, None] - x[:, None, :]
+            d2 = diff.square().sum(-1, keepdim=True)
+            a1 = field._edge_input(index, h, d2, d2_0)
+            a2 = edge[2](edge[1](a1))
+            m = edge[3](a2)
+            c1 = coord[0](m)
+        else:
+            diff, d2, a1, a2, m, c1 = primal
         c = coord[2](coord[1](c1))
         scale = (d2 + 1).rsqrt()
         w = edge[0].weight  # its column blocks as contiguous copies: strided operands are slow
@@ -96,7 +113,7 @@ def exact_divergence(field: EGNN, t: Tensor, z: Tensor) -> tuple[Tensor, Tensor]
         w_d2, w_d2_0 = w[:, -2].contiguous(), w[:, -1].contiguous()
         last = index == field.layers - 1
         if index > 0 and index == field.layers - 2 and n * d >= field.contract_from:  # contracted: _penultimate
-            x, h, vx, vh, extra = _penultimate(
+            x, h, vx, vh, extra, primal = _penultimate(
                 field, index, (x, h, d2_0, diff0), (vx, vh), (diff, scale, a1, a2, m, c1, c)
             )
             trace = trace + extra
@@ -117,10 +134,7 @@ def exact_divergence(field: EGNN, t: Tensor, z: Tensor) -> tuple[Tensor, Tensor]
         else:  # dense: all pairs (i, j), in as few passes over the big tangent tensors as possible
             row = (slice(None), None, None)  # primal (N, i, j, .) -> (N, 1, 1, i, j, .)
             # d d2[i, j] = 2 diff_ij . (v_i - v_j), without forming v_i - v_j
-            vd2 = (
-                2
-                * (torch.einsum("bkaid,bijd->bkaij", vx, diff) - torch.einsum("bkajd,bijd->bkaij", vx, diff))[..., None]
-            )
+            vd2 = distance_tangent(vx, diff)[..., None]
             va = (mm(vh, wa)[..., :, None, :] + mm(vh, wb)[..., None, :, :]).addcmul_(vd2, w_d2)
             # d d2_0[i, j] / dz_{k,a} = 2 diff0[i, j, a] (delta_ik - delta_jk): only row k and column k,
             # both equal to 2 diff0[k, ., a] (d2_0 is symmetric)
@@ -169,7 +183,7 @@ def exact_divergence(field: EGNN, t: Tensor, z: Tensor) -> tuple[Tensor, Tensor]
 
 def _penultimate(
     field: EGNN, index: int, primal: tuple[Tensor, ...], tangents: tuple[Tensor, Tensor], layer: tuple[Tensor, ...]
-) -> tuple[Tensor, Tensor, Tensor, Tensor, Tensor]:
+) -> tuple[Tensor, Tensor, Tensor, None, Tensor, tuple[Tensor, ...]]:
     r"""The last layer with a node update, its message tangents contracted with what the last layer reads.
 
     The last layer only reads the node-feature tangents through the trace, a linear functional
@@ -187,7 +201,8 @@ def _penultimate(
     tangents, :math:`\langle \Lambda, v_h \rangle` through the node update's skip and its own
     block of :math:`W_{n0}`, is contracted here as well, so the last layer gets no node tangents.
     Returns the state, the node features, the state tangents, ``None`` for the node-feature
-    tangents, and the node tangents' whole share of the trace.
+    tangents, the node tangents' whole share of the trace, and the last layer's primal (its pair
+    differences, squared distances and pre-activations), which the caller reuses.
     """
     n, hid = field.n_particles, field.hidden
     x, h, d2_0, diff0 = primal
@@ -200,9 +215,9 @@ def _penultimate(
     wa, wb = w[:, :hid].contiguous(), w[:, hid : 2 * hid].contiguous()
     w_d2, w_d2_0 = w[:, -2].contiguous(), w[:, -1].contiguous()
     g1, g2, g3 = silu_grad(a1), silu_grad(a2), silu_grad(c1)
-    grad_a1 = g1 * mm(g2 * mm(g3 * coord[2].weight[0], coord[0].weight.T), edge[2].weight.T)  # dc/da1
+    grad_a1 = preactivation_gradient(edge, g1, g2, message_gradient(coord, g3))
     # state tangents: the coordinate weights' tangents by dot products with their gradients
-    vd2 = 2 * (torch.einsum("bkaid,bijd->bkaij", vx, diff) - torch.einsum("bkajd,bijd->bkaij", vx, diff))
+    vd2 = distance_tangent(vx, diff)
     g0 = (grad_a1 * w_d2_0).sum(-1)  # (N, i, j)
     d0 = 2 * diff0.permute(0, 1, 3, 2)  # (N, k, a, j): d d2_0[k, j] / dz_{k,a}
     vc = (
@@ -232,10 +247,9 @@ def _penultimate(
     ld2 = ldiff.square().sum(-1, keepdim=True)
     la1 = field._edge_input(index + 1, h, ld2, d2_0)
     la2 = last[2](last[1](la1))
-    lc1 = lcoord[0](last[3](la2))
-    lgrad = silu_grad(la1) * mm(
-        silu_grad(la2) * mm(silu_grad(lc1) * lcoord[2].weight[0], lcoord[0].weight.T), last[2].weight.T
-    )  # (N, k, j, hidden)
+    lm = last[3](la2)
+    lc1 = lcoord[0](lm)
+    lgrad = preactivation_gradient(last, silu_grad(la1), silu_grad(la2), message_gradient(lcoord, silu_grad(lc1)))
     lw = last[0].weight
     beta = (ld2 + 1).rsqrt() / (n - 1)  # (N, k, j, 1)
     lam = beta * mm(lgrad, lw[:, hid : 2 * hid].T)  # Lambda^{(k,a)}_j / Delta_{kj,a}, j != k
@@ -266,4 +280,4 @@ def _penultimate(
     extra = extra + (r0_self * d0).sum((1, 2, 3))  # i = k: d d2_0[k, j] = 2 diff0[k, j, a]
     r0_kik = torch.diagonal(r0, dim1=1, dim2=3).transpose(1, 2)  # (N, k, i): pair (i, k) of pull-back k
     extra = extra + (dk * r0_kik[:, :, None] * d0).sum((1, 2, 3))  # j = k: d d2_0[i, k] = 2 diff0[k, i, a]
-    return x, h, vx, None, extra
+    return x, h, vx, None, extra, (ldiff, ld2, la1, la2, lm, lc1)
