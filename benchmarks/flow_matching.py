@@ -14,7 +14,10 @@ dopri5 at rtol = atol = 1e-5, exact trace at evaluation) and Adam:
   batch 256;
 * ``fm``: flow matching (:class:`flows.train.FlowMatching`), independent coupling;
 * ``fm-ot``: flow matching with exact minibatch optimal-transport couplings;
-* ``fm:256-256`` (``fm-ot:...``): the same with a field of other hidden widths.
+* ``fm-stable``: flow matching onto the stable target (Xu et al. 2023): each pair's velocity
+  averaged over the data rows that could have produced its state, the reference set being the
+  batch and ``--fm-reference-size`` training rows drawn afresh each step;
+* ``fm:256-256`` (``fm-ot:...``, ``fm-stable:...``): the same with a field of other hidden widths.
 
 Flow matching takes ``--fm-lr``, ``--fm-batch``, ``--sigma``, ``--fm-time-power`` (times
 ``s = u^p``) and ``--fm-ema`` (evaluate an exponential moving average of the weights, this decay).
@@ -98,8 +101,9 @@ class FMContender(Contender):
             self.model = model
 
 
-def make(name: str, features: int, args: argparse.Namespace, seed: int) -> tuple[Contender, int]:
+def make(name: str, train: Tensor, args: argparse.Namespace, seed: int) -> tuple[Contender, int]:
     """A contender and its batch size."""
+    features = train.shape[-1]
     torch.manual_seed(seed)
     hidden = tuple(args.hidden)
     if name == "ml":
@@ -107,15 +111,24 @@ def make(name: str, features: int, args: argparse.Namespace, seed: int) -> tuple
             "FFJORD, maximum likelihood (exact)", flows.FFJORD(features, hidden=hidden, trace="exact"), "flows"
         ), args.ml_batch
     kind, _, widths = name.partition(":")
-    if kind in ("fm", "fm-ot"):
+    if kind in ("fm", "fm-ot", "fm-stable"):
         coupling = "ot" if kind == "fm-ot" else "independent"
-        objective = FlowMatching(sigma=args.sigma, coupling=coupling, time_power=args.fm_time_power)
+        stable = kind == "fm-stable"
+        objective = FlowMatching(
+            sigma=args.sigma,
+            coupling=coupling,
+            time_power=args.fm_time_power,
+            target="stable" if stable else "conditional",
+            reference=train if stable else None,
+            reference_size=args.fm_reference_size if stable else None,
+        )
         fm_hidden = tuple(int(w) for w in widths.split("-")) if widths else hidden
-        label = f"FFJORD, flow matching ({'OT' if coupling == 'ot' else 'independent'}, σ={args.sigma:g})"
+        pairs = "stable target" if stable else "OT" if coupling == "ot" else "independent"
+        label = f"FFJORD, flow matching ({pairs}, σ={args.sigma:g})"
         if fm_hidden != hidden:
             label = label[:-1] + f", {'-'.join(map(str, fm_hidden))})"
         return FMContender(label, features, fm_hidden, objective, args.fm_lr, args.fm_ema), args.fm_batch
-    raise ValueError(f"expected contenders among ml, fm, fm-ot, fm:<widths>, fm-ot:<widths>, got {name!r}")
+    raise ValueError(f"expected contenders among ml, fm, fm-ot, fm-stable, optionally :<widths>, got {name!r}")
 
 
 @torch.no_grad()
@@ -126,8 +139,7 @@ def nll(contender: Contender, rows: Tensor, chunk: int = 1000) -> tuple[float, f
 
 
 def run_seed(args: argparse.Namespace, seed: int, train: Tensor, val: Tensor, test: Tensor) -> dict[str, dict]:
-    features = train.shape[-1]
-    entries = [make(name, features, args, seed) for name in args.contenders]
+    entries = [make(name, train, args, seed) for name in args.contenders]
     contenders = [c for c, _ in entries]
     batch = {c.name: b for c, b in entries}
     clock = {c.name: 0.0 for c in contenders}
@@ -189,7 +201,8 @@ def main(argv: list[str] | None = None) -> dict[str, dict[str, float]]:
         "--contenders",
         nargs="+",
         default=["ml", "fm", "fm:256-256"],
-        help="ml, fm, fm-ot, or fm/fm-ot with a field of other widths (fm:256-256); the first is the reference",
+        help="ml, fm, fm-ot, fm-stable, or any fm kind with a field of other widths (fm:256-256); "
+        "the first is the reference",
     )
     parser.add_argument("--seeds", type=int, nargs="+", default=[0])
     parser.add_argument("--hidden", type=int, nargs="+", default=list(HIDDEN))
@@ -201,6 +214,9 @@ def main(argv: list[str] | None = None) -> dict[str, dict[str, float]]:
     )
     parser.add_argument("--fm-ema", type=float, default=0.0, help="evaluate an EMA of the weights, this decay")
     parser.add_argument("--fm-time-power", type=float, default=1.0, help="flow-matching times s = u^p, u ~ U(0, 1)")
+    parser.add_argument(
+        "--fm-reference-size", type=int, default=512, help="fm-stable: training rows drawn each step as its reference"
+    )
     parser.add_argument(
         "--cosine", action="store_true", help="decay every learning rate to 0 over its contender's time budget"
     )

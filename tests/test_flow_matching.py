@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import functools
 import itertools
 import math
 import warnings
@@ -127,6 +128,148 @@ def test_time_power_draws_times_as_powers_of_uniforms_and_is_validated() -> None
             FlowMatching(time_power=bad)
 
 
+class Probe(nn.Module):
+    """A field that outputs zeros and records its inputs; the loss's gradient on its output gives the target."""
+
+    def forward(self, t: torch.Tensor, y: torch.Tensor) -> torch.Tensor:
+        self.t, self.y = t, y
+        self.out = torch.zeros_like(y, requires_grad=True)
+        return self.out
+
+
+def _targets(objective: FlowMatching, flow: Flow, x: torch.Tensor, seed: int = 0):
+    """``(s, x_t, u)`` of one flow-matching batch: ``u`` from ``dL/df = 2 (f - u) / N`` at ``f = 0``."""
+    torch.manual_seed(seed)
+    loss = objective(flow, (x,))
+    loss.backward()
+    cnf = flow_matching_parts(flow)[1]
+    probe = cnf.field
+    s = (probe.t - cnf.t0) / (cnf.t1 - cnf.t0)
+    return s, probe.y, -0.5 * len(x) * probe.out.grad
+
+
+def _posterior_velocity_by_quadrature(y, s, rows, sigma, span):
+    """``E[(z - r)/span | x_t = y]`` for ``r`` uniform on ``rows`` and ``z ~ N(0, I)`` in 2-D, on a grid of ``z``.
+
+    ``x_t = (1 - s) r + s z + σ ε``: ``p(r_j, z | y) ∝ N(z; 0, I) N(y - (1 - s) r_j - s z; 0, σ² I)``.
+    """
+    g = torch.linspace(-8, 8, 641, dtype=torch.float64)
+    z = torch.stack(torch.meshgrid(g, g, indexing="ij"), -1).reshape(-1, 2)  # (G, 2)
+    log_prior = -0.5 * z.square().sum(-1)
+    out = []
+    for yi, si in zip(y, s, strict=True):
+        resid = yi - (1 - si) * rows[:, None, :] - si * z[None]  # (M, G, 2)
+        log_w = log_prior[None] - 0.5 * resid.square().sum(-1) / sigma**2
+        w = torch.softmax(log_w.reshape(-1), 0).reshape(log_w.shape)
+        out.append(((z[None] - rows[:, None, :]) * w[..., None]).sum((0, 1)) / span)
+    return torch.stack(out)
+
+
+@pytest.mark.parametrize("with_reference", [False, True])
+def test_the_stable_target_is_the_posterior_mean_of_the_velocity(with_reference: bool) -> None:
+    t0, t1, sigma = 0.5, 2.0, 0.3
+    flow = Flow(CNF(2, field=Probe(), t0=t0, t1=t1), StandardNormal(2)).double()
+    gen = torch.Generator().manual_seed(0)
+    x = torch.randn(5, 2, generator=gen, dtype=torch.float64) * 1.5
+    extra = torch.randn(4, 2, generator=gen, dtype=torch.float64) if with_reference else None
+    objective = FlowMatching(sigma=sigma, target="stable", reference=extra, time_power=0.7)
+    s, y, u = _targets(objective, flow, x, seed=3)
+    rows = x if extra is None else torch.cat([x, extra])  # the batch is always part of the reference
+    expected = _posterior_velocity_by_quadrature(y.detach(), s, rows, sigma, t1 - t0)
+    assert torch.allclose(u, expected, atol=1e-7, rtol=0), float((u - expected).abs().max())
+    # the conditional target (each pair's own velocity) differs from it: the test can fail
+    _, _, conditional = _targets(FlowMatching(sigma=sigma, time_power=0.7), flow, x, seed=3)
+    assert float((conditional - expected).abs().max()) > 0.1
+
+
+def test_the_stable_target_at_sigma_zero_and_its_limit_at_the_data() -> None:
+    flow = Flow(CNF(2, field=Probe()), StandardNormal(2)).double()
+    x = torch.randn(6, 2, generator=torch.Generator().manual_seed(1), dtype=torch.float64)
+    s, y, u = _targets(FlowMatching(target="stable"), flow, x)
+    # sigma = 0: the state fixes z given the row, z_j = (y - (1 - s) r_j)/s, and p(r_j | y) ∝ N(y; (1 - s) r_j, s²)
+    keep = (1 - s)[:, None, None]
+    z = (y[:, None] - keep * x[None]) / s[:, None, None]  # (N, M, 2)
+    w = torch.softmax(-(y[:, None] - keep * x[None]).square().sum(-1) / (2 * s[:, None] ** 2), -1)
+    expected = ((z - x[None]) * w[..., None]).sum(1)
+    assert torch.allclose(u, expected.detach(), atol=1e-9, rtol=0)
+    # times at the data end itself (s = u^p underflows to exactly 0): the limit, each pair's own z - x
+    _, _, at_data = _targets(FlowMatching(target="stable", time_power=1e6), flow, x, seed=5)
+    s_zero, _, own = _targets(FlowMatching(time_power=1e6), flow, x, seed=5)
+    assert bool((s_zero == 0).all()) and torch.equal(at_data, own) and bool(torch.isfinite(at_data).all())
+
+
+def test_the_stable_target_has_a_far_smaller_variance_than_the_conditional_one() -> None:
+    flow = Flow(CNF(2, field=Probe()), StandardNormal(2)).double()
+    gen = torch.Generator().manual_seed(2)
+    centres = torch.tensor([[-2.0, 0.0], [2.0, 0.0]], dtype=torch.float64)
+    x = centres[torch.randint(2, (512,), generator=gen)] + 0.1 * torch.randn(512, 2, generator=gen, dtype=torch.float64)
+    errors = {}
+    for target in ("conditional", "stable"):
+        u = _targets(FlowMatching(sigma=0.05, target=target), flow, x)[2]
+        stable = _targets(FlowMatching(sigma=0.05, target="stable", reference=x), flow, x)[2]
+        errors[target] = float((u - stable).square().sum(-1).mean())  # spread about a 1024-row posterior mean
+    # a 512-row reference is close to the 1024-row one; single pairs scatter about it by O(1) per coordinate
+    assert errors["stable"] < 0.05 * errors["conditional"], errors
+
+
+def test_the_stable_target_maps_its_reference_through_the_fixed_layers_in_front() -> None:
+    from flows.bijections import Chain, Standardize
+
+    gen = torch.Generator().manual_seed(4)
+    x = 3 + 2 * torch.randn(8, 2, generator=gen, dtype=torch.float64)
+    reference = 3 + 2 * torch.randn(16, 2, generator=gen, dtype=torch.float64)
+    front = Standardize.fit(torch.cat([x, reference])).double()
+    with_front = Flow(Chain(front, CNF(2, field=Probe())), StandardNormal(2)).double()
+    plain = Flow(CNF(2, field=Probe()), StandardNormal(2)).double()
+    objective = FlowMatching(sigma=0.1, target="stable", reference=reference)
+    u = _targets(objective, with_front, x)[2]
+    with torch.no_grad():
+        mapped, mapped_reference = front(x), front(reference)
+    expected = _targets(FlowMatching(sigma=0.1, target="stable", reference=mapped_reference), plain, mapped)[2]
+    assert torch.allclose(u, expected, atol=1e-12)
+    unmapped = _targets(FlowMatching(sigma=0.1, target="stable", reference=reference), plain, mapped)[2]
+    assert float((unmapped - expected).abs().max()) > 1e-3
+
+
+def test_the_stable_target_is_validated() -> None:
+    x = torch.randn(8, 2)
+    flow = Flow(CNF(2, hidden=(4,)), StandardNormal(2))
+    with pytest.raises(ValueError, match="expected target in"):
+        FlowMatching(target="marginal")
+    with pytest.raises(ValueError, match='reference and reference_size are for target="stable"'):
+        FlowMatching(reference=x)
+    with pytest.raises(ValueError, match='reference and reference_size are for target="stable"'):
+        FlowMatching(reference_size=4)
+    with pytest.raises(ValueError, match='needs coupling="independent"'):
+        FlowMatching(target="stable", coupling="ot")
+    with pytest.raises(TypeError, match=r"expected reference to be a floating-point tensor, got dtype torch\.int64"):
+        FlowMatching(target="stable", reference=torch.ones(4, 2, dtype=torch.long))
+    with pytest.raises(TypeError, match="floating-point tensor, got list"):
+        FlowMatching(target="stable", reference=[[0.0, 1.0]])
+    for shape in ((0, 2), (5,)):
+        with pytest.raises(ValueError, match=r"expected reference rows of shape \(M >= 1, \*event\)"):
+            FlowMatching(target="stable", reference=torch.zeros(shape))
+    bad = torch.zeros(5, 2)
+    bad[1, 0], bad[3, 1] = math.nan, math.inf
+    with pytest.raises(ValueError, match="expected finite reference rows, got 2 with NaN or Inf"):
+        FlowMatching(target="stable", reference=bad)
+    for size in (0, -1, 2.5, True):
+        with pytest.raises(ValueError, match="expected reference_size to be an integer >= 1"):
+            FlowMatching(target="stable", reference=x, reference_size=size)
+    with pytest.raises(ValueError, match=r"expected reference rows of event shape \(2,\) \(as the data\), got \(3,\)"):
+        FlowMatching(target="stable", reference=torch.zeros(4, 3))(flow, (x,))
+    with pytest.raises(ValueError, match='target="stable" does not support a context'):
+        conditional = Flow(CNF(2, context=1, hidden=(4,)), StandardNormal(2))
+        FlowMatching(target="stable")(conditional, (x, torch.zeros(8, 1)))
+    with pytest.raises(TypeError, match=r"needs a StandardNormal base .* got DiagNormal"):
+        FlowMatching(target="stable")(Flow(CNF(2, hidden=(4,)), flows.DiagNormal(2)), (x,))
+    assert repr(FlowMatching(target="stable", reference=x, reference_size=3)) == (
+        "FlowMatching(sigma=0, coupling='independent', target='stable', reference=8 rows, reference_size=3, "
+        "eval_nll=False)"
+    )
+    assert "target" not in repr(FlowMatching())
+
+
 def test_minibatch_ot_agrees_with_brute_force_over_permutations() -> None:
     generator = torch.Generator().manual_seed(3)
     for _ in range(5):
@@ -178,13 +321,16 @@ def test_flow_matching_refuses_flows_without_exactly_one_cnf() -> None:
         FlowMatching()(CNF(2, hidden=(8,)), (torch.randn(4, 2),))
 
 
-def test_a_flow_matched_cnf_reaches_the_analytic_nll_of_a_2d_gaussian() -> None:
+@pytest.mark.parametrize("stable", [False, True])
+def test_a_flow_matched_cnf_reaches_the_analytic_nll_of_a_2d_gaussian(stable: bool) -> None:
     torch.manual_seed(0)
     mean = torch.tensor([1.0, -0.5], dtype=torch.float64)
     cov = torch.tensor([[1.5, 0.6], [0.6, 0.5]], dtype=torch.float64)
     target = torch.distributions.MultivariateNormal(mean, cov)
     flow = Flow(CNF(2, hidden=(32,), rtol=1e-6, atol=1e-6), StandardNormal(2)).double()
     objective = FlowMatching()
+    if stable:  # the stable target, over the batch and 512 of 8192 reference rows drawn each step
+        objective = FlowMatching(target="stable", reference=target.sample((8192,)), reference_size=512)
     optimizer = torch.optim.Adam(flow.parameters(), lr=1e-2)
     scheduler = torch.optim.lr_scheduler.CosineAnnealingLR(optimizer, 800)
     for _ in range(800):  # about 2 ms a step: no ODE solve in training
@@ -203,26 +349,30 @@ def test_a_flow_matched_cnf_reaches_the_analytic_nll_of_a_2d_gaussian() -> None:
     assert float(exact.mean()) == pytest.approx(entropy, abs=0.05)
 
 
-def _fm_trainer(checkpoint: Path | None = None, **kwargs) -> Trainer:
+def _fm_trainer(checkpoint: Path | None = None, objective: FlowMatching | None = None, **kwargs) -> Trainer:
     torch.manual_seed(0)
     flow = Flow(CNF(2, hidden=(8,), rtol=1e-4, atol=1e-4), StandardNormal(2))
-    return Trainer(
-        flow, FlowMatching(sigma=0.1, coupling="ot", eval_nll=True), lr=1e-2, checkpoint=checkpoint, **kwargs
-    )
+    objective = objective or FlowMatching(sigma=0.1, coupling="ot", eval_nll=True)
+    return Trainer(flow, objective, lr=1e-2, checkpoint=checkpoint, **kwargs)
 
 
-def test_trainer_resumes_flow_matching_exactly_and_validates_with_the_ode(tmp_path: Path) -> None:
+@pytest.mark.parametrize("target", ["conditional", "stable"])
+def test_trainer_resumes_flow_matching_exactly_and_validates_with_the_ode(tmp_path: Path, target: str) -> None:
     x = torch.randn(120, 2, generator=torch.Generator().manual_seed(0)) * torch.tensor([1.0, 0.3])
-    full = _fm_trainer()
+    make = _fm_trainer
+    if target == "stable":  # its reference rows are drawn by the global generator, which checkpoints save
+        objective = FlowMatching(sigma=0.1, target="stable", reference=x[:100], reference_size=16, eval_nll=True)
+        make = functools.partial(_fm_trainer, objective=objective)
+    full = make()
     full.fit(x[:100], x[100:], epochs=3, batch_size=25)
     reference = {k: v.clone() for k, v in full.model.state_dict().items()}
     assert {"val_loss", "val_nll"} <= set(full.history.columns)
     assert all(math.isfinite(v) for v in full.history["val_nll"])
 
-    first = _fm_trainer(tmp_path / "run.ckpt")
+    first = make(tmp_path / "run.ckpt")
     first.fit(x[:100], x[100:], epochs=3, batch_size=25, max_steps=6)
     torch.manual_seed(123)  # the resumed process starts with different random state
-    resumed = _fm_trainer(tmp_path / "run.ckpt").resume()
+    resumed = make(tmp_path / "run.ckpt").resume()
     assert resumed.step == 6
     resumed.fit(x[:100], x[100:], epochs=3, batch_size=25)
     for name, value in resumed.model.state_dict().items():
@@ -270,6 +420,14 @@ def test_cli_fit_with_flow_matching_on_a_cnf_and_refusal_for_other_models(tmp_pa
     assert code == 0
     assert "test log-likelihood:" in capsys.readouterr().out
     assert (out / "model.ckpt").is_file()
+    stable = ["--model", "FFJORD", "--transforms", "1", "--objective", "fm", "--target", "stable", "--sigma", "0.05"]
+    code = main(["fit", *tiny, *stable, "--reference-size", "64", "--time-power", "2", "--out", str(tmp_path / "st")])
+    assert code == 0 and (tmp_path / "st" / "model.ckpt").is_file()
+    capsys.readouterr()
+    code = main(["fit", *tiny, *stable, "--coupling", "ot", "--out", str(tmp_path / "st-ot")])
+    assert code == 2
+    error = capsys.readouterr().err.strip()
+    assert error.count("\n") == 0 and 'target="stable" needs coupling="independent"' in error
     code = main(["fit", *tiny, "--model", "RealNVP", "--objective", "fm", "--out", str(tmp_path / "nvp")])
     assert code == 2
     error = capsys.readouterr().err.strip()

@@ -193,7 +193,15 @@ def _fit(args: argparse.Namespace) -> int:
             ) from None
         if data.levels is not None:
             raise ValueError(f"--objective fm: expected continuous data, got integer data with {data.levels} levels")
-        objective = FlowMatching(sigma=args.sigma, coupling=args.coupling)
+        stable = args.target == "stable"
+        objective = FlowMatching(
+            sigma=args.sigma,
+            coupling=args.coupling,
+            time_power=args.time_power,
+            target=args.target,
+            reference=data.train if stable else None,
+            reference_size=args.reference_size if stable else None,
+        )
     scheduler = None
     if args.schedule == "cosine":
         steps = max(1, args.epochs)

@@ -202,6 +202,26 @@ def _parser() -> argparse.ArgumentParser:
         "(default: independent)",
     )
     train.add_argument(
+        "--target",
+        choices=("conditional", "stable"),
+        default="conditional",
+        help="flow matching: regress onto each pair's velocity, or onto its average over the training rows that "
+        "could have produced the same state (Xu et al. 2023's stable target; independent coupling) "
+        "(default: conditional)",
+    )
+    train.add_argument(
+        "--reference-size",
+        type=_integer(1, what="a reference size"),
+        default=512,
+        help="flow matching, --target stable: training rows drawn each step as the reference (default: 512)",
+    )
+    train.add_argument(
+        "--time-power",
+        type=_real(0, strict=True),
+        default=1.0,
+        help="flow matching: times s = u^p, u ~ U(0, 1); p > 1 trains more near the data (default: 1)",
+    )
+    train.add_argument(
         "--schedule",
         choices=("cosine", "plateau", "none"),
         default="cosine",

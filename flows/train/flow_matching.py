@@ -26,6 +26,11 @@ batch by exact minibatch optimal transport (``coupling="ot"``, Tong et al. 2023;
 :func:`scipy.optimize.linear_sum_assignment` through :func:`flows.train.pairs.ot_assignment`. OT pairs
 cross less, so the marginal field is straighter and the ODE needs fewer steps.
 
+The regression target may also be the *stable target* (``target="stable"``, Xu et al. 2023): in
+place of one pair's velocity, its posterior average over a reference set of data rows, which has
+the same minimiser (exactly so as the reference grows) and a far smaller variance. See
+:class:`FlowMatching`.
+
 References:
     Lipman, Chen, Ben-Hamu, Nickel, Le (2023), "Flow Matching for Generative Modeling", ICLR,
     arXiv:2210.02747.
@@ -36,6 +41,8 @@ References:
     Straightening Flows with Minibatch Couplings", ICML, arXiv:2304.14772.
     Liu, Gong, Liu (2023), "Flow Straight and Fast: Learning to Generate and Transfer Data with
     Rectified Flow", ICLR, arXiv:2209.03003.
+    Xu, Tong, Jaakkola (2023), "Stable Target Field for Reduced Variance Score
+    Estimation in Diffusion Models", ICLR, arXiv:2302.00670.
 """
 
 from __future__ import annotations
@@ -55,9 +62,10 @@ from flows.train.pairs import ot_assignment
 if TYPE_CHECKING:
     from flows.bijections.continuous import CNF
 
-__all__ = ["COUPLINGS", "FlowMatching", "flow_matching_parts", "independent_coupling", "ot_coupling"]
+__all__ = ["COUPLINGS", "TARGETS", "FlowMatching", "flow_matching_parts", "independent_coupling", "ot_coupling"]
 
 COUPLINGS = ("independent", "ot")
+TARGETS = ("conditional", "stable")
 
 Coupling = Callable[[Tensor, Tensor], tuple[Tensor, Tensor]]
 
@@ -161,6 +169,31 @@ class FlowMatching(Objective):
     :math:`s^{1/p - 1}/p`), where the field of thin, low-noise data is sharpest and where
     the likelihood is most sensitive to its errors.
 
+    Targets: ``"conditional"`` regresses onto each pair's own velocity ``(z_i - x_i)/(t1 - t0)``;
+    ``"stable"`` onto its average over the data rows that could have produced the same
+    state (the stable target of Xu et al. 2023, written here for the straight paths): for a
+    reference set of data rows :math:`r_1, \dots, r_M`, the batch's own rows among them, and
+    :math:`v = s^2 + \sigma^2`,
+
+    .. math::
+        w_{ij} \propto \exp\Bigl(-\frac{\|x_{t,i} - (1 - s_i) r_j\|^2}{2 v_i}\Bigr), \qquad
+        \bar r_i = \sum_j w_{ij} r_j, \qquad
+        u_i = \frac{1}{t_1 - t_0}\Bigl(\frac{s_i}{v_i}\bigl(x_{t,i} - (1 - s_i)\bar r_i\bigr)
+        - \bar r_i\Bigr),
+
+    the posterior mean of the velocity given the state when the data are the reference rows
+    (``x_t`` given a data row ``r`` is :math:`\mathcal N((1 - s) r, v I)` under a standard normal
+    base). Its minimiser is the marginal field of the reference rows' distribution: with the
+    whole training set as ``reference``, the conditional target's minimiser up to the batch's
+    rows counting twice (a ``N/M`` effect); with a sampled reference, within a bias that
+    vanishes as the reference grows (Xu et al. 2023). Its variance is far smaller, most of all
+    at ``s`` near 1 where many data rows reach the same state. It
+    costs ``N x M`` distances a step. The reference is the batch itself, plus ``reference_size``
+    rows drawn (uniformly, with replacement, by the global generator) each step from
+    ``reference`` when one is given (all of its rows when ``reference_size`` is ``None``). The
+    stable target needs the independent coupling, a :class:`~flows.StandardNormal` base (for
+    which the posterior above is exact) and no context.
+
     Validation (:meth:`evaluate`) reports ``loss`` (the flow-matching loss, with the noise of a
     fixed seed so that successive validations are comparable) and, with ``eval_nll=True``,
     ``nll``, the mean negative log-likelihood by the ODE (costly: a solve with the trace).
@@ -171,6 +204,8 @@ class FlowMatching(Objective):
         Tong, Fatras, Malkin, Huguet, Zhang, Rector-Brooks, Wolf, Bengio (2024), "Improving and
         generalizing flow-based generative models with minibatch optimal transport", TMLR,
         arXiv:2302.00482.
+        Xu, Tong, Jaakkola (2023), "Stable Target Field for Reduced Variance Score Estimation in
+        Diffusion Models", ICLR, arXiv:2302.00670.
 
     Args:
         sigma: noise level ``σ >= 0`` of the path.
@@ -178,12 +213,21 @@ class FlowMatching(Objective):
         eval_seed: seed of the base samples, times and noise during :meth:`evaluate`.
         eval_nll: also report the ODE negative log-likelihood in :meth:`evaluate`.
         time_power: exponent ``p > 0`` of the times ``s = u^p``, ``u ~ U(0, 1)``.
+        target: ``"conditional"`` or ``"stable"``.
+        reference: data rows (as the model takes them, before any fixed preprocessing), shape
+            ``(M, *event)``, added to the batch as the stable target's reference set.
+        reference_size: rows drawn from ``reference`` each step (``None``: all of them).
 
     Raises:
         ValueError: for a negative or non-finite ``sigma``, a ``time_power`` that is not finite and
-            positive, or an unknown coupling name.
-        TypeError: when called on a model that is not a ``Flow`` with one CNF, or when a coupling
-            returns tensors of other shapes.
+            positive, an unknown coupling or target name, a ``reference`` or ``reference_size``
+            without ``target="stable"``, a stable target with a coupling other than the
+            independent one, an empty or non-finite ``reference``, a ``reference_size`` that is
+            not a positive integer; when called, a stable target with a context or with
+            ``reference`` rows of another event shape than the data.
+        TypeError: when called on a model that is not a ``Flow`` with one CNF, when a coupling
+            returns tensors of other shapes, a ``reference`` that is not a floating-point tensor,
+            or (stable target) a base that is not a ``StandardNormal``.
 
     Example:
         >>> import torch
@@ -202,6 +246,9 @@ class FlowMatching(Objective):
         eval_seed: int = 0,
         eval_nll: bool = False,
         time_power: float = 1.0,
+        target: str = "conditional",
+        reference: Tensor | None = None,
+        reference_size: int | None = None,
     ) -> None:
         if not (isinstance(time_power, (int, float)) and 0 < time_power < float("inf")):
             raise ValueError(f"FlowMatching: expected a finite time_power > 0, got {time_power!r}")
@@ -217,6 +264,36 @@ class FlowMatching(Objective):
             self.coupling = coupling
         else:
             raise ValueError(f"FlowMatching: expected coupling in {COUPLINGS} or a callable, got {coupling!r}")
+        if target not in TARGETS:
+            raise ValueError(f"FlowMatching: expected target in {TARGETS}, got {target!r}")
+        if target != "stable" and (reference is not None or reference_size is not None):
+            raise ValueError(
+                'FlowMatching: reference and reference_size are for target="stable", got target=' + repr(target)
+            )
+        if target == "stable" and self.coupling is not independent_coupling:
+            raise ValueError(
+                'FlowMatching: target="stable" needs coupling="independent" (its posterior assumes '
+                f"base samples drawn independently of the data), got coupling={self.coupling_name!r}"
+            )
+        if reference is not None:
+            if not (isinstance(reference, Tensor) and reference.is_floating_point()):
+                kind = f"dtype {reference.dtype}" if isinstance(reference, Tensor) else type(reference).__name__
+                raise TypeError(f"FlowMatching: expected reference to be a floating-point tensor, got {kind}")
+            if reference.dim() < 2 or len(reference) == 0:
+                raise ValueError(
+                    f"FlowMatching: expected reference rows of shape (M >= 1, *event), got {tuple(reference.shape)}"
+                )
+            bad = int((~torch.isfinite(reference)).reshape(len(reference), -1).any(-1).sum())
+            if bad:
+                raise ValueError(f"FlowMatching: expected finite reference rows, got {bad} with NaN or Inf")
+            reference = reference.detach()
+        if reference_size is not None and not (
+            isinstance(reference_size, int) and not isinstance(reference_size, bool) and reference_size >= 1
+        ):
+            raise ValueError(f"FlowMatching: expected reference_size to be an integer >= 1, got {reference_size!r}")
+        self.target = target
+        self.reference = reference
+        self.reference_size = reference_size
         self.sigma = float(sigma)
         self.eval_seed = eval_seed
         self.eval_nll = bool(eval_nll)
@@ -252,6 +329,7 @@ class FlowMatching(Objective):
         if not x.is_floating_point():
             raise TypeError(f"FlowMatching: expected floating-point data, got dtype {x.dtype}")
         with torch.no_grad():
+            data = x
             for layer in front:
                 x = layer(x, context)
             n = x.shape[0]
@@ -268,16 +346,68 @@ class FlowMatching(Objective):
             span = cnf.t1 - cnf.t0
             t = cnf.t0 + s * span
             shape = (n,) + (1,) * (x.dim() - 1)
-            x_t = (1 - s.reshape(shape)) * x + s.reshape(shape) * z
+            shift = s.reshape(shape) * z  # x_t - (1 - s) x, kept apart for the stable target's precision
             if self.sigma:
-                x_t = x_t + self.sigma * torch.randn_like(x_t)
-            target = (z - x) / span
+                shift = shift + self.sigma * torch.randn_like(x)
+            x_t = (1 - s.reshape(shape)) * x + shift
+            if self.target == "stable":
+                if context is not None:
+                    raise ValueError(
+                        'FlowMatching: target="stable" does not support a context; use target="conditional"'
+                    )
+                target = self._stable_target(model, front, x, z, shift, s, data) / span
+            else:
+                target = (z - x) / span
         if context is not None and cnf.context_features:
             context = context.expand(n, cnf.context_features)
             f = cnf.field(t, x_t, context)
         else:
             f = cnf.field(t, x_t)
         return (f - target).square().reshape(n, -1).sum(-1).mean()
+
+    def _stable_target(
+        self, model: nn.Module, front: list[Bijection], x: Tensor, z: Tensor, shift: Tensor, s: Tensor, data: Tensor
+    ) -> Tensor:
+        """The stable target times ``t1 - t0``; ``shift = x_t - (1 - s) x``, ``data`` the batch as given."""
+        from flows.distributions.normal import StandardNormal
+
+        if not isinstance(model.base, StandardNormal):
+            raise TypeError(
+                'FlowMatching: target="stable" needs a StandardNormal base (its posterior is written for '
+                f"N(0, I)), got {type(model.base).__name__}"
+            )
+        n = len(x)
+        own = x.reshape(n, -1)
+        rows = [own]
+        if self.reference is not None:
+            reference = self.reference
+            if reference.shape[1:] != data.shape[1:]:
+                raise ValueError(
+                    f"FlowMatching: expected reference rows of event shape {tuple(data.shape[1:])} (as the data), "
+                    f"got {tuple(reference.shape[1:])}"
+                )
+            if self.reference_size is not None:
+                reference = reference[torch.randint(len(reference), (self.reference_size,), device=reference.device)]
+            reference = reference.to(device=data.device, dtype=data.dtype)
+            for layer in front:
+                reference = layer(reference)
+            rows.append(reference.to(x.dtype).reshape(len(reference), -1))
+        r = torch.cat(rows)
+        keep = (1 - s)[:, None]
+        v = (s * s + self.sigma**2)[:, None]
+        shift = shift.reshape(n, -1)
+        x_t = keep * own + shift
+        # log-weights -|x_t - (1 - s) r|^2 / 2v, less the row's constant |x_t|^2 / 2v (softmax drops it):
+        # (1 - s)(x_t . r - (1 - s)|r|^2 / 2) / v, one (N, M) product and no |x_t|^2 - 2ab cancellation
+        inverse = torch.where(v > 0, 1 / v.clamp_min(torch.finfo(x.dtype).tiny), torch.zeros_like(v))
+        logits = (x_t @ r.T - 0.5 * keep * r.square().sum(-1)) * (keep * inverse)
+        delta = torch.softmax(logits, dim=-1) @ r - own  # r_bar - x
+        # (s / v)(x_t - (1 - s) r_bar) - r_bar, where x_t - (1 - s) r_bar = shift - (1 - s) delta
+        u = s[:, None] * inverse * (shift - keep * delta) - own - delta
+        # s = 0 with sigma = 0 (v = 0, a row of probability ~2^-24; its weights above are uniform, not
+        # used): the limit, where all weight is on the row itself, is the pair's own z - x
+        u = torch.where(v > 0, u, z.reshape(n, -1) - own)
+        return u.reshape(x.shape)
 
     def evaluate(self, model: nn.Module, batches: Iterable[object]) -> dict[str, float]:
         batches = list(batches)
@@ -297,4 +427,14 @@ class FlowMatching(Objective):
 
     def __repr__(self) -> str:
         power = f", time_power={self.time_power:g}" if self.time_power != 1.0 else ""
-        return f"FlowMatching(sigma={self.sigma:g}, coupling={self.coupling_name!r}{power}, eval_nll={self.eval_nll})"
+        target = ""
+        if self.target == "stable":
+            size = "all" if self.reference_size is None else self.reference_size
+            rows = (
+                f", reference={len(self.reference)} rows, reference_size={size}" if self.reference is not None else ""
+            )
+            target = f", target='stable'{rows}"
+        return (
+            f"FlowMatching(sigma={self.sigma:g}, coupling={self.coupling_name!r}{power}{target}, "
+            f"eval_nll={self.eval_nll})"
+        )
