@@ -29,8 +29,13 @@ while they run side by side. Every ``--eval-every`` seconds of its training time
 validation NLL is measured by the ODE (exact trace; evaluation time is not counted). Reported per
 contender and seed: the final validation and test NLL, the training time at which the validation
 NLL first reaches the final validation NLL of ``ml`` (and its ratio to ``ml``'s training time),
-steps, median step time and the test NFE; then medians over seeds.
+steps, median step time and the test NFE, and each contender's test NLL less the first
+contender's with the standard error of that paired difference over the test rows (``Δtest ±
+se``); then medians over seeds.
 
+    python benchmarks/flow_matching.py --problem moons --budget 300 --fm-budget 60 --eval-every 5 \
+        --seeds 0 1 2 --contenders ml fm-stable:64-64-64 --fm-lr 1e-2 --fm-batch 128 --sigma 0.04 \
+        --fm-ema 0.99 --fm-time-power 2 --fm-reference-size 512 --cosine      # ~20 min
     python benchmarks/flow_matching.py --problem moons --budget 300 --fm-budget 60 --eval-every 5 \
         --seeds 0 1 --contenders ml fm fm:128-128 --fm-lr 1e-2 --fm-batch 1024 --sigma 0 \
         --fm-ema 0.999 --fm-time-power 2 --cosine                              # ~20 min
@@ -171,13 +176,20 @@ def run_seed(args: argparse.Namespace, seed: int, train: Tensor, val: Tensor, te
             marks[c.name] += args.eval_every
     target = curves[contenders[0].name][-1][1]  # the first contender's (ml's) final validation NLL
     out: dict[str, dict] = {}
+    reference_rows = None
     for c in contenders:
         reach, steps = next(((t, k) for t, v, k in curves[c.name] if v <= target), (math.inf, 0))
         median = statistics.median(c.step_times)
-        test_nll, test_nfe = nll(c, test)
+        rows, nfes = c.test_nll(test, 1000)
+        test_nll, test_nfe = float(rows.mean()), float(nfes)
+        if reference_rows is None:
+            reference_rows = rows
+        paired = (rows - reference_rows).double()  # per test row, against the first contender: a paired difference
         out[c.name] = {
             "val_nll": curves[c.name][-1][1],
             "test_nll": test_nll,
+            "test_delta": float(paired.mean()),
+            "test_delta_se": float(paired.std() / math.sqrt(len(paired))) if len(paired) > 1 else math.nan,
             "reach_s": reach,
             "reach_ratio": reach / clock[contenders[0].name],
             # load-robust: steps to reach x median step time, over the reference's steps x its median
@@ -250,14 +262,16 @@ def main(argv: list[str] | None = None) -> dict[str, dict[str, float]]:
         per_seed.append(result)
         print(f"\nseed {seed}")
         header = (
-            f"{'contender':52s} {'val NLL':>8s} {'test NLL':>9s} {'reach s':>8s} {'ratio':>6s} {'ratio~':>6s} "
-            f"{'steps':>6s} {'med ms':>7s} {'NFE te':>7s}"
+            f"{'contender':52s} {'val NLL':>8s} {'test NLL':>9s} {'Δtest ± se':>15s} {'reach s':>8s} {'ratio':>6s} "
+            f"{'ratio~':>6s} {'steps':>6s} {'med ms':>7s} {'NFE te':>7s}"
         )
         print(header + "\n" + "-" * len(header))
         for name, r in result.items():
+            delta = f"{r['test_delta']:+.4f} ± {r['test_delta_se']:.4f}"
             print(
-                f"{name:52s} {r['val_nll']:8.3f} {r['test_nll']:9.3f} {r['reach_s']:8.1f} {r['reach_ratio']:6.2f} "
-                f"{r['reach_median_ratio']:6.2f} {r['steps']:6d} {r['median_step_ms']:7.2f} {r['test_nfe']:7.1f}"
+                f"{name:52s} {r['val_nll']:8.3f} {r['test_nll']:9.3f} {delta:>15s} {r['reach_s']:8.1f} "
+                f"{r['reach_ratio']:6.2f} {r['reach_median_ratio']:6.2f} {r['steps']:6d} {r['median_step_ms']:7.2f} "
+                f"{r['test_nfe']:7.1f}"
             )
             points = sorted({round(i * (len(r["curve"]) - 1) / 9) for i in range(10)})  # ten, with the last
             curve = "  ".join(f"{r['curve'][i][0]:.0f}s:{r['curve'][i][1]:.3f}" for i in points)
@@ -270,6 +284,7 @@ def main(argv: list[str] | None = None) -> dict[str, dict[str, float]]:
             for key in (
                 "val_nll",
                 "test_nll",
+                "test_delta",
                 "reach_s",
                 "reach_ratio",
                 "reach_median_ratio",
