@@ -204,6 +204,39 @@ def run_seed(args: argparse.Namespace, seed: int, train: Tensor, val: Tensor, te
     return out
 
 
+def plot_curves(per_seed: list[dict[str, dict]], seeds: list[int], budget: float, fm_budget: float, path: str) -> None:
+    """Validation NLL against training seconds, one panel per seed, with the first contender's final NLL dashed."""
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+    from matplotlib.ticker import NullFormatter, ScalarFormatter
+
+    fig, axes = plt.subplots(1, len(per_seed), figsize=(4.2 * len(per_seed), 3.6), squeeze=False, sharey=True)
+    low = min(v for result in per_seed for r in result.values() for _, v, _ in r["curve"])
+    high = max(result[next(iter(result))]["val_nll"] for result in per_seed) + 0.25
+    for ax, result, seed in zip(axes[0], per_seed, seeds, strict=True):
+        names = list(result)
+        target = result[names[0]]["val_nll"]
+        for name in names:
+            t, v, _ = zip(*result[name]["curve"], strict=True)
+            ax.plot(t, v, marker=".", label=name.replace("FFJORD, ", ""))
+        ax.axhline(target, color="k", linestyle="--", linewidth=0.8, label=f"{names[0].split(', ')[1]}: final")
+        ax.axvline(fm_budget, color="grey", linestyle=":", linewidth=0.8)
+        ax.set_xscale("log")
+        ax.xaxis.set_major_formatter(ScalarFormatter())
+        ax.xaxis.set_minor_formatter(NullFormatter())
+        ax.set_ylim(low - 0.02, high)
+        ax.set_xlabel("training seconds (one thread)")
+        ax.set_title(f"seed {seed}: budgets {fm_budget:g} s / {budget:g} s")
+    axes[0][0].set_ylabel("validation NLL (nats)")
+    axes[0][-1].legend(fontsize=7, loc="upper right")
+    fig.tight_layout()
+    fig.savefig(path, dpi=120)
+    plt.close(fig)
+    print(f"wrote {path}")
+
+
 def main(argv: list[str] | None = None) -> dict[str, dict[str, float]]:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--problem", choices=("moons", "miniboone"), default="moons")
@@ -235,6 +268,7 @@ def main(argv: list[str] | None = None) -> dict[str, dict[str, float]]:
     parser.add_argument("--sigma", type=float, default=0.0)
     parser.add_argument("--val-rows", type=float, default=0.1, help="fraction of the training rows for validation")
     parser.add_argument("--limit", type=int, default=None, help="use only this many train/test rows (smoke tests)")
+    parser.add_argument("--plot", default=None, help="write the validation curves to this image file")
     args = parser.parse_args(argv)
     if args.fm_budget is None:
         args.fm_budget = args.budget
@@ -276,6 +310,8 @@ def main(argv: list[str] | None = None) -> dict[str, dict[str, float]]:
             points = sorted({round(i * (len(r["curve"]) - 1) / 9) for i in range(10)})  # ten, with the last
             curve = "  ".join(f"{r['curve'][i][0]:.0f}s:{r['curve'][i][1]:.3f}" for i in points)
             print(f"    validation NLL curve  {curve}", flush=True)
+    if args.plot:
+        plot_curves(per_seed, args.seeds, args.budget, args.fm_budget, args.plot)
     summary: dict[str, dict[str, float]] = {}
     names = list(per_seed[0])
     for name in names:

@@ -434,7 +434,7 @@ def test_cli_fit_with_flow_matching_on_a_cnf_and_refusal_for_other_models(tmp_pa
     assert error.count("\n") == 0 and "--objective fm trains a continuous flow" in error
 
 
-def test_benchmark_smoke(capsys) -> None:
+def test_benchmark_smoke(capsys, tmp_path: Path) -> None:
     import runpy
 
     pytest.importorskip("sklearn")
@@ -453,9 +453,18 @@ def test_benchmark_smoke(capsys) -> None:
         "ml",
         "fm",
         "fm-ot:16",
+        "fm-stable:16",
+        "--fm-reference-size",
+        "32",
         "--cosine",
+        "--plot",
+        str(tmp_path / "curves.png"),
     ]
     summary = main(argv)
-    assert len(summary) == 3 and all(math.isfinite(r["test_nll"]) for r in summary.values())
-    assert summary["FFJORD, maximum likelihood (exact)"]["reach_ratio"] <= 1.0
+    assert len(summary) == 4 and all(math.isfinite(r["test_nll"]) for r in summary.values())
+    ml = summary["FFJORD, maximum likelihood (exact)"]
+    assert ml["reach_ratio"] <= 1.0 and ml["test_delta"] == 0.0
+    stable = summary["FFJORD, flow matching (stable target, σ=0, 16)"]
+    assert stable["test_delta"] == pytest.approx(stable["test_nll"] - ml["test_nll"], abs=1e-5)
     assert "medians over seeds [0]" in capsys.readouterr().out
+    assert (tmp_path / "curves.png").stat().st_size > 1000
