@@ -261,6 +261,26 @@ def test_resume_refuses_changed_run_flags_and_records_changed_stopping_rules(tmp
     assert json.loads((out / "run.json").read_text())["resumes"][-1]["changed"] == {}
 
 
+def test_resume_refuses_another_objective_or_flow_matching_setting(tmp_path: Path, capsys) -> None:
+    out = tmp_path / "moons"
+    cnf = ["--model", "FFJORD", "--transforms", "1", "--hidden", "8", "--objective", "fm", "--sigma", "0.1"]
+    argv = ["fit", "--data", "moons", "--epochs", "1", "--out", str(out), *TINY, *cnf]
+    assert main(argv) == 0
+    capsys.readouterr()
+    for flags, expected in (
+        (["--objective", "ml"], "--objective ml (the run has fm)"),
+        (["--sigma", "0.2"], "--sigma 0.2 (the run has 0.1)"),
+        (["--coupling", "ot"], "--coupling ot (the run has independent)"),
+        (["--target", "stable"], "--target stable (the run has conditional)"),
+        (["--reference-size", "64"], "--reference-size 64 (the run has 512)"),
+        (["--time-power", "2"], "--time-power 2.0 (the run has 1.0)"),
+    ):
+        assert main([*argv, *flags, "--resume"]) == 2, flags
+        err = capsys.readouterr().err
+        assert "--resume: expected the settings of the run" in err and expected in err, err
+    assert main([*argv[:4], "2", *argv[5:], "--resume"]) == 0  # the same settings resume
+
+
 # -- 5 and 6. early first checkpoint, SIGKILL then resume, stale temporaries, one writer per run ---------------------
 def test_first_checkpoint_comes_after_the_first_epoch_whatever_the_interval(tmp_path: Path) -> None:
     seen = []

@@ -84,7 +84,19 @@ def _check_options(builder_name: str, options: list[tuple[str, object]]) -> None
 # are applied and recorded (history event and run.json "resumes"); the other flags only change how it executes.
 
 
-RUN_FLAGS = ("lr", "batch_size", "schedule", "clip", "patience")
+RUN_FLAGS = (
+    "lr",
+    "batch_size",
+    "schedule",
+    "clip",
+    "patience",
+    "objective",
+    "sigma",
+    "coupling",
+    "target",
+    "reference_size",
+    "time_power",
+)
 STOP_FLAGS = ("epochs", "time_budget")
 
 
