@@ -328,6 +328,8 @@ class FlowMatching(Objective):
         x, context = split_batch(batch)
         if not x.is_floating_point():
             raise TypeError(f"FlowMatching: expected floating-point data, got dtype {x.dtype}")
+        if self.target == "stable" and context is not None:
+            raise ValueError('FlowMatching: target="stable" does not support a context; use target="conditional"')
         with torch.no_grad():
             data = x
             for layer in front:
@@ -351,10 +353,6 @@ class FlowMatching(Objective):
                 shift = shift + self.sigma * torch.randn_like(x)
             x_t = (1 - s.reshape(shape)) * x + shift
             if self.target == "stable":
-                if context is not None:
-                    raise ValueError(
-                        'FlowMatching: target="stable" does not support a context; use target="conditional"'
-                    )
                 target = self._stable_target(model, front, x, z, shift, s, data) / span
             else:
                 target = (z - x) / span
