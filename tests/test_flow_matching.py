@@ -428,6 +428,16 @@ def test_cli_fit_with_flow_matching_on_a_cnf_and_refusal_for_other_models(tmp_pa
     assert code == 2
     error = capsys.readouterr().err.strip()
     assert error.count("\n") == 0 and 'target="stable" needs coupling="independent"' in error
+    # flow-matching flags that the run would ignore are refused, not dropped
+    for flags, expected in (
+        (["--sigma", "0.1"], "--sigma 0.1: expected flow-matching flags only with --objective fm, got --objective ml"),
+        (["--target", "stable", "--time-power", "2"], "--target stable, --time-power 2.0: expected flow-matching"),
+        (["--objective", "fm", "--reference-size", "64"], "--reference-size 64: expected it only with --target stable"),
+    ):
+        code = main(["fit", *tiny, "--model", "FFJORD", "--transforms", "1", *flags, "--out", str(tmp_path / "x")])
+        assert code == 2, flags
+        error = capsys.readouterr().err.strip()
+        assert error.count("\n") == 0 and expected in error, error
     code = main(["fit", *tiny, "--model", "RealNVP", "--objective", "fm", "--out", str(tmp_path / "nvp")])
     assert code == 2
     error = capsys.readouterr().err.strip()

@@ -268,11 +268,11 @@ def test_resume_refuses_another_objective_or_flow_matching_setting(tmp_path: Pat
     assert main(argv) == 0
     capsys.readouterr()
     for flags, expected in (
-        (["--objective", "ml"], "--objective ml (the run has fm)"),
+        (["--objective", "ml", "--sigma", "0"], "--objective ml (the run has fm)"),
         (["--sigma", "0.2"], "--sigma 0.2 (the run has 0.1)"),
         (["--coupling", "ot"], "--coupling ot (the run has independent)"),
         (["--target", "stable"], "--target stable (the run has conditional)"),
-        (["--reference-size", "64"], "--reference-size 64 (the run has 512)"),
+        (["--target", "stable", "--reference-size", "64"], "--reference-size 64 (the run has 512)"),
         (["--time-power", "2"], "--time-power 2.0 (the run has 1.0)"),
     ):
         assert main([*argv, *flags, "--resume"]) == 2, flags

@@ -183,6 +183,7 @@ def _fit(args: argparse.Namespace) -> int:
             "flows.train.Trainer(model, flows.train.FreeFormInjectiveObjective()))"
         )
     _check_options(args.model, args.option)
+    _check_objective_flags(args)
     data = load_dataset(**spec)
     fingerprint = data_fingerprint(data)
     say(f"data {data.describe()}")
@@ -384,6 +385,22 @@ def _worse_than_untrained(history: History, untrained: object) -> str | None:
     if best <= baseline + max(1.0, abs(baseline) / 2):
         return None
     return f"expected a validation loss near or below the untrained model's {baseline:.4g} nats, got at best {best:.4g}"
+
+
+def _check_objective_flags(args: argparse.Namespace) -> None:
+    """Refuse flow-matching flags that the run would ignore, instead of training without them."""
+    from flows.cli.parser import FLOW_MATCHING_DEFAULTS
+
+    changed = [k for k, default in FLOW_MATCHING_DEFAULTS.items() if getattr(args, k) != default]
+    given = ", ".join(f"--{k.replace('_', '-')} {getattr(args, k)}" for k in changed)
+    if args.objective != "fm" and changed:
+        raise ValueError(
+            f"{given}: expected flow-matching flags only with --objective fm, got --objective {args.objective}"
+        )
+    if args.target != "stable" and "reference_size" in changed:
+        raise ValueError(
+            f"--reference-size {args.reference_size}: expected it only with --target stable, got --target {args.target}"
+        )
 
 
 def _json_number(value: object) -> object:

@@ -14,6 +14,15 @@ import torch
 from flows import __version__
 from flows.cli.exit_codes import EXIT_CODES
 
+# the flow-matching flags of ``flows fit`` and their defaults (fit refuses other values without --objective fm)
+FLOW_MATCHING_DEFAULTS = {
+    "sigma": 0.0,
+    "coupling": "independent",
+    "target": "conditional",
+    "reference_size": 512,
+    "time_power": 1.0,
+}
+
 #: The first line of ``flows --help``.
 _COMMAND_SUMMARY = "The flows command: fit a flow to data, evaluate it, sample from it, check its transforms."
 
@@ -192,19 +201,22 @@ def _parser() -> argparse.ArgumentParser:
         "(default: ml)",
     )
     train.add_argument(
-        "--sigma", type=_real(0), default=0.0, help="flow matching: noise level of the paths (default: 0)"
+        "--sigma",
+        type=_real(0),
+        default=FLOW_MATCHING_DEFAULTS["sigma"],
+        help="flow matching: noise level of the paths (default: 0)",
     )
     train.add_argument(
         "--coupling",
         choices=("independent", "ot"),
-        default="independent",
+        default=FLOW_MATCHING_DEFAULTS["coupling"],
         help="flow matching: pairs of data and base samples, as drawn or by minibatch optimal transport "
         "(default: independent)",
     )
     train.add_argument(
         "--target",
         choices=("conditional", "stable"),
-        default="conditional",
+        default=FLOW_MATCHING_DEFAULTS["target"],
         help="flow matching: regress onto each pair's velocity, or onto its average over the training rows that "
         "could have produced the same state (Xu et al. 2023's stable target; independent coupling) "
         "(default: conditional)",
@@ -212,13 +224,13 @@ def _parser() -> argparse.ArgumentParser:
     train.add_argument(
         "--reference-size",
         type=_integer(1, what="a reference size"),
-        default=512,
+        default=FLOW_MATCHING_DEFAULTS["reference_size"],
         help="flow matching, --target stable: training rows drawn each step as the reference (default: 512)",
     )
     train.add_argument(
         "--time-power",
         type=_real(0, strict=True),
-        default=1.0,
+        default=FLOW_MATCHING_DEFAULTS["time_power"],
         help="flow matching: times s = u^p, u ~ U(0, 1); p > 1 trains more near the data (default: 1)",
     )
     train.add_argument(
