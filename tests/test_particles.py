@@ -384,7 +384,7 @@ def test_equivariant_ot_coupling_matches_brute_force() -> None:
     x3, _ = EquivariantOTCoupling(n, d, ot=False)(x, z)
     for i in range(batch):
         torch.testing.assert_close(_pair_distances(x3[i], n, d), _pair_distances(x[i], n, d))
-    with pytest.raises(ValueError, match=r"expected x of shape \(N, 8\) for 4 particles in 2 dimensions"):
+    with pytest.raises(ValueError, match=r"expected [xz] of shape \(N, 8\) for 4 particles in 2 dimensions"):
         EquivariantOTCoupling(n, d)(x[:, :6], z[:, :6])
 
 
