@@ -47,6 +47,14 @@ def check_support(distribution: td.Distribution, who: str = "TorchDistribution")
         support = distribution.support
     except NotImplementedError:
         support = None
+    inner = distribution
+    while isinstance(inner, td.Independent):
+        inner = inner.base_dist
+    if isinstance(inner, td.VonMises):  # declares `real` but is a density on a circle (periodic on R)
+        raise TypeError(
+            f"{who}: expected a base distribution with a density on the real space, got VonMises, a circular "
+            "distribution whose declared support `real` repeats every 2 pi"
+        )
     if support is None or not _real_support(support):
         raise TypeError(
             f"{who}: expected a base distribution with real support (real, real_vector or independent(real)), "

@@ -264,6 +264,8 @@ def effective_sample_size(
     _check_flag(split, "effective_sample_size", "split")
     x = _draws_chains(samples, "effective_sample_size")
     event = samples.shape[2:]
+    if prob is not None and method not in ("tail", "quantile"):
+        raise ValueError(f"effective_sample_size: expected prob only with method 'tail' or 'quantile', got {method!r}")
     if method in ("tail", "quantile"):
         if method == "quantile" and prob is None:
             raise ValueError("effective_sample_size: expected a quantile level prob for method 'quantile', got None")

@@ -18,7 +18,13 @@ from torch import Tensor
 
 from flows._validation import check_count, check_samples
 from flows.flow import Flow, evaluating
-from flows.metrics.importance import kish_ess, log_importance_weights, log_z_estimate, reweighted_mean
+from flows.metrics.importance import (
+    MAX_SAMPLE_ENTRIES,
+    kish_ess,
+    log_importance_weights,
+    log_z_estimate,
+    reweighted_mean,
+)
 from flows.nn._particles import _check_sizes
 from flows.targets.base import EnergyTarget
 
@@ -43,6 +49,8 @@ def _chunks(total: int, size: int, progress: bool, what: str) -> list[tuple[int,
     """``(start, length)`` of each chunk, wrapped in a tqdm bar counting rows when ``progress``."""
     check_count(total, what, "n", minimum=0)
     check_count(size, what, "batch_size")
+    if not isinstance(progress, bool):
+        raise TypeError(f"{what}: expected progress to be True or False, got {progress!r}")
     chunks = [(k, min(size, total - k)) for k in range(0, total, size)]
     if not progress:
         return chunks
@@ -132,7 +140,8 @@ def boltzmann_evaluation(
     the ``batch_size`` chunks.
     """
     _check_flow(flow, dtype, "boltzmann_evaluation")
-    check_count(n, "boltzmann_evaluation", "n")
+    features = math.prod(s or 1 for s in flow.event_shape)
+    check_count(n, "boltzmann_evaluation", "n", maximum=MAX_SAMPLE_ENTRIES // features)
     old = flow._anchor.dtype
     flow.to(dtype)
     target = target.to(dtype)

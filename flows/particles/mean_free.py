@@ -24,6 +24,10 @@ from flows.particles._inputs import check_configurations
 __all__ = ["MeanFreeNormal", "remove_mean", "subspace_basis"]
 
 
+MAX_BASIS_ENTRIES = 1 << 27
+"""The largest basis :func:`subspace_basis` builds (``n·d × (n−1)·d`` entries; 1 GiB in float64)."""
+
+
 def remove_mean(x: Tensor, n_particles: int, spatial_dim: int) -> Tensor:
     r"""Project flat configurations ``(*batch, n·d)`` onto the zero-centre-of-mass subspace, checking them first.
 
@@ -58,6 +62,12 @@ def subspace_basis(n_particles: int, spatial_dim: int, *, dtype: torch.dtype | N
         (torch.Size([6, 4]), True)
     """
     _check_sizes(n_particles, spatial_dim, "subspace_basis")
+    entries = n_particles * spatial_dim * (n_particles - 1) * spatial_dim
+    if entries > MAX_BASIS_ENTRIES:
+        raise ValueError(
+            f"subspace_basis: expected a basis of at most {MAX_BASIS_ENTRIES} entries, got n_particles={n_particles}, "
+            f"spatial_dim={spatial_dim} ({entries} entries)"
+        )
     if dtype is not None and not (isinstance(dtype, torch.dtype) and dtype.is_floating_point):
         raise TypeError(f"subspace_basis: expected a floating-point dtype, got {dtype!r}")
     n = n_particles
