@@ -27,6 +27,7 @@ from flows._validation import (
     as_sample_shape,
     check_context,
     check_context_like,
+    check_count,
     check_event,
     check_finite,
     check_like,
@@ -164,6 +165,8 @@ class Flow(nn.Module):
                 f"Flow: the transform outputs events of shape {format_shape(transform.event_shape_out)} "
                 f"but the base distribution has event shape {format_shape(base.event_shape)}"
             )
+        if context is not None:
+            check_count(context, "Flow", "context", minimum=0)
         if context and not _uses_context(transform, base):
             raise ValueError(
                 f"Flow: expected a transform or base with a conditional layer (context_features > 0) for "
