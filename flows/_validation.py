@@ -213,3 +213,89 @@ def as_sample_shape(sample_shape: Sequence[int] | int) -> torch.Size:
     if any(n < 0 for n in shape):
         raise ValueError(f"sample: expected a non-negative sample shape (integers >= 0), got {sample_shape!r}")
     return torch.Size(shape)
+
+
+def check_samples(
+    x: object,
+    who: str,
+    what: str = "samples",
+    *,
+    layout: str | None = None,
+    ndim: int | None = None,
+    min_ndim: int = 0,
+    nan: str = "propagate",
+    inf: str = "allow",
+    empty_batch: bool = False,
+) -> Tensor:
+    """The shared input check of the metric and particle functions; returns ``x`` as a real floating tensor.
+
+    One rule for every public function of :mod:`flows.metrics` and :mod:`flows.particles`:
+
+    * a ``torch.Tensor`` (else ``TypeError``), real (complex is a ``TypeError``);
+    * bool and integer tensors are promoted to float64 (exact for integers below :math:`2^{53}`),
+      floating ones kept as they are: no caller ever sees its weights or values cast to an integer;
+    * of rank ``ndim`` (or at least ``min_ndim``), named by ``layout`` in the message (``ValueError``);
+    * non-empty along every dimension (``ValueError``): a statistic of no draws, chains or
+      coordinates has no value (``empty_batch=True`` lets the first dimension be 0, for
+      functions that map rows to rows);
+    * NaN: ``"propagate"`` (returned as it is; the caller documents that NaN in gives NaN out) or
+      ``"refuse"`` (``ValueError`` with the count and the first index); infinite values likewise
+      with ``inf="allow"`` / ``"refuse"``.
+
+    Args:
+        x: the input.
+        who: the function's name, used in messages.
+        what: the argument's name, used in messages.
+        layout: the expected layout for messages, e.g. ``"(draws, chains, *event)"``.
+        ndim: the exact rank required (``None``: any rank of at least ``min_ndim``).
+        min_ndim: the smallest rank accepted.
+        nan: ``"propagate"`` or ``"refuse"``.
+        inf: ``"allow"`` or ``"refuse"``.
+        empty_batch: accept zero rows (the first dimension), not zero-sized other dimensions.
+    """
+    if not isinstance(x, Tensor):
+        raise TypeError(f"{who}: expected {what} to be a torch.Tensor, got {type(x).__name__}")
+    if x.is_complex():
+        raise TypeError(f"{who}: expected real {what}, got dtype {x.dtype}")
+    if not x.is_floating_point():
+        x = x.to(torch.float64)
+    shape_text = layout or (f"a tensor of rank {ndim}" if ndim is not None else f"rank >= {min_ndim}")
+    if (ndim is not None and x.dim() != ndim) or x.dim() < min_ndim:
+        raise ValueError(f"{who}: expected {what} of shape {shape_text}, got {tuple(x.shape)}")
+    if x.numel() == 0 and not (empty_batch and x.dim() >= 1 and 0 not in x.shape[1:]):
+        raise ValueError(
+            f"{who}: expected non-empty {what} of shape {shape_text} (at least one entry along every "
+            f"dimension), got {tuple(x.shape)}"
+        )
+    checks = ((nan == "refuse", torch.isnan, "NaN"), (inf == "refuse", torch.isinf, "infinite"))
+    for refuse, test, label in checks:
+        if refuse:
+            bad = test(x)
+            if bool(bad.any()):
+                where = bad.nonzero()
+                raise ValueError(
+                    f"{who}: expected {what} without {label} values, got {where.shape[0]}, "
+                    f"the first at index {tuple(where[0].tolist())}"
+                )
+    return x
+
+
+def check_count(value: object, who: str, name: str, *, minimum: int = 1, maximum: int | None = None) -> int:
+    """Return ``value`` if it is an ``int`` (not a bool) in ``[minimum, maximum]``, else raise naming it.
+
+    ``maximum`` bounds sizes that allocate (bins, projections) before anything is allocated.
+
+    Raises:
+        TypeError: for a non-integer (a float, a string, a bool).
+        ValueError: for an integer out of range.
+    """
+    try:
+        if isinstance(value, bool):
+            raise TypeError
+        value = operator.index(value)
+    except TypeError:
+        raise TypeError(f"{who}: expected {name} to be an int, got {value!r}") from None
+    if value < minimum or (maximum is not None and value > maximum):
+        bound = f">= {minimum}" if maximum is None else f"in [{minimum}, {maximum}]"
+        raise ValueError(f"{who}: expected {name} {bound}, got {value}")
+    return value

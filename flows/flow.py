@@ -27,6 +27,7 @@ from flows._validation import (
     as_sample_shape,
     check_context,
     check_context_like,
+    check_count,
     check_event,
     check_finite,
     check_like,
@@ -69,6 +70,27 @@ def _as_size(sample_shape: Sequence[int] | int) -> torch.Size:
     return as_sample_shape(sample_shape)
 
 
+def _uses_context(*modules: nn.Module) -> bool:
+    """Whether any submodule declares a context (``context_features > 0``, the Bijection contract)."""
+    return any(getattr(m, "context_features", None) for module in modules for m in module.modules())
+
+
+def _batch_shape(batch_shape: object, who: str) -> torch.Size:
+    """A batch shape of non-negative integers, or a clear error naming what came."""
+    try:
+        return as_sample_shape(batch_shape)  # type: ignore[arg-type]
+    except (TypeError, ValueError):
+        raise ValueError(f"{who}: expected a batch shape of non-negative integers, got {batch_shape!r}") from None
+
+
+def _no_closed_form(what: str) -> NotImplementedError:
+    return NotImplementedError(
+        f"FlowDistribution: {what} is not available: a normalizing flow has no closed form for it (expected "
+        "log_prob, sample, rsample or rsample_and_log_prob); estimate it from samples, e.g. "
+        "x = d.sample((n,)); x.mean(0) for the mean, x.var(0) for the variance, -d.log_prob(x).mean(0) for the entropy"
+    )
+
+
 class Flow(nn.Module):
     r"""A normalizing flow: a :class:`~flows.bijections.base.Bijection` and a base distribution.
 
@@ -86,7 +108,11 @@ class Flow(nn.Module):
             stay in data units and the statistics are saved with the model (buffers).
 
     Raises:
-        ValueError: if the base's event shape differs from the transform's output shape.
+        ValueError: if the base's event shape differs from the transform's output shape, or a
+            ``context`` is declared that no layer of the transform or base reads (no submodule
+            with ``context_features > 0``).
+        TypeError: for a base whose support is not the real space (a discrete or simplex
+            distribution; see :class:`~flows.distributions.TorchDistribution`).
 
     Calling a flow (``forward``):
 
@@ -138,6 +164,14 @@ class Flow(nn.Module):
             raise ValueError(
                 f"Flow: the transform outputs events of shape {format_shape(transform.event_shape_out)} "
                 f"but the base distribution has event shape {format_shape(base.event_shape)}"
+            )
+        if context is not None:
+            check_count(context, "Flow", "context", minimum=0)
+        if context and not _uses_context(transform, base):
+            raise ValueError(
+                f"Flow: expected a transform or base with a conditional layer (context_features > 0) for "
+                f"context={context}, got {type(transform).__name__} and {type(base).__name__}, which never read "
+                "a context; build the layers with context=... or leave the flow's context out"
             )
         self.transform = transform
         self.base = base
@@ -336,9 +370,16 @@ class FlowDistribution(td.Distribution):
         event = tuple(flow.event_shape)
         if any(s is None for s in event):
             raise ValueError(f"FlowDistribution: expected a flow with a fixed event shape, got {format_shape(event)}")
+        if batch_shape is not None:
+            batch_shape = _batch_shape(batch_shape, "FlowDistribution")
         if context is not None:
             default = context.shape[:-1]
-            if batch_shape is not None and torch.Size(batch_shape) != default:
+            if batch_shape is not None and batch_shape != default:
+                if torch.broadcast_shapes(batch_shape, default) != batch_shape:
+                    raise ValueError(
+                        f"FlowDistribution: expected a batch shape that the context's batch {tuple(default)} "
+                        f"broadcasts to, got {tuple(batch_shape)}"
+                    )
                 context = context.expand(*batch_shape, context.shape[-1])
             batch = context.shape[:-1]
         else:
@@ -350,15 +391,50 @@ class FlowDistribution(td.Distribution):
     def support(self) -> td.constraints.Constraint:
         return td.constraints.independent(td.constraints.real, len(self.event_shape))
 
+    @property
+    def mean(self) -> Tensor:
+        raise _no_closed_form("the mean")
+
+    @property
+    def mode(self) -> Tensor:
+        raise _no_closed_form("the mode")
+
+    @property
+    def variance(self) -> Tensor:
+        raise _no_closed_form("the variance")
+
+    @property
+    def stddev(self) -> Tensor:
+        raise _no_closed_form("the standard deviation")
+
+    def entropy(self) -> Tensor:
+        raise _no_closed_form("the entropy")
+
+    def perplexity(self) -> Tensor:
+        raise _no_closed_form("the perplexity")
+
+    def cdf(self, value: Tensor) -> Tensor:
+        raise _no_closed_form("the CDF")
+
+    def icdf(self, value: Tensor) -> Tensor:
+        raise _no_closed_form("the inverse CDF")
+
+    def enumerate_support(self, expand: bool = True) -> Tensor:
+        raise NotImplementedError(
+            "FlowDistribution: expected a discrete distribution for enumerate_support, got a continuous flow"
+        )
+
     def expand(self, batch_shape: Sequence[int], _instance: Any = None) -> FlowDistribution:
-        batch = torch.Size(batch_shape)
+        batch = _batch_shape(batch_shape, "FlowDistribution.expand")
         try:
-            torch.broadcast_shapes(batch, self.batch_shape)
-        except RuntimeError as error:
+            fits = torch.broadcast_shapes(batch, self.batch_shape) == batch
+        except RuntimeError:
+            fits = False
+        if not fits:
             raise ValueError(
                 f"FlowDistribution.expand: expected a batch shape that {tuple(self.batch_shape)} broadcasts to, "
                 f"got {tuple(batch)}"
-            ) from error
+            )
         if self.context is None:
             return FlowDistribution(self.flow, None, batch_shape=batch)
         return FlowDistribution(self.flow, self.context.expand(*batch, self.context.shape[-1]))

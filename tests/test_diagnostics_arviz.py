@@ -140,3 +140,39 @@ def test_unknown_methods_and_levels_are_rejected() -> None:
         effective_sample_size(x, method="tail", prob=1.5)
     with pytest.raises(ValueError, match="expected at least 2 chains"):
         split_rhat(torch.randn(20, 1), method="identity")
+
+
+def _poisoned(value: float) -> np.ndarray:
+    chains = np.stack([CASES["iid"], CASES["iid"][::-1]], axis=-1).copy()  # (200, 4, 2)
+    chains[5, 1, 0] = value  # one draw of coordinate 0
+    return chains
+
+
+@pytest.mark.parametrize("value", [np.nan, np.inf, -np.inf])
+@pytest.mark.parametrize("diagnostic", [f"ess-{m}" for m in ESS_METHODS] + [f"rhat-{m}" for m in RHAT_METHODS])
+def test_non_finite_draws_match_arviz(diagnostic: str, value: float) -> None:
+    """A NaN draw makes its coordinate's diagnostics NaN, as in ArviZ (before, rank methods reported a
+    finite, converged-looking value); an infinite draw gives what ArviZ gives (finite for rank-based
+    methods, which only see its rank, NaN for the raw ones). The clean coordinate is unchanged."""
+    chains = _poisoned(value)
+    kind, method = diagnostic.split("-", 1)
+    prob = 0.3 if method == "quantile" else None
+    x = torch.from_numpy(chains)
+    if kind == "ess":
+        ours = effective_sample_size(x, method=method, prob=prob)
+        theirs = [float(az.ess(chains[:, :, k].T, method=method, prob=prob)) for k in range(2)]
+    else:
+        ours = split_rhat(x, method=method)
+        theirs = [float(az.rhat(chains[:, :, k].T, method=method)) for k in range(2)]
+    for k in range(2):
+        if np.isnan(theirs[k]):
+            assert torch.isnan(ours[k]), (k, float(ours[k]))
+        else:
+            assert _close(float(ours[k]), theirs[k]), (k, float(ours[k]), theirs[k])
+    assert np.isnan(value) <= bool(torch.isnan(ours[0]))  # the NaN case really is NaN
+    assert bool(torch.isfinite(ours[1]))
+
+
+def test_nan_draw_gives_nan_autocorrelation_time() -> None:
+    tau = integrated_autocorr_time(torch.from_numpy(_poisoned(np.nan)))
+    assert torch.isnan(tau[0]) and torch.isfinite(tau[1])

@@ -87,5 +87,48 @@ def test_free_energy_profile_against_the_exact_one() -> None:
         free_energy_profile(x, range=(1.0, 1.0))
     with pytest.raises(ValueError, match="coordinate of shape"):
         free_energy_profile(x.reshape(-1, 2))
-    with pytest.raises(ValueError, match="finite coordinate"):
+    with pytest.raises(ValueError, match=r"expected coordinate without (NaN|infinite) values"):
         free_energy_profile(torch.tensor([0.0, math.inf]))
+
+
+def test_reweighted_mean_of_integer_values_keeps_the_weights() -> None:
+    """Integer values are promoted, never the weights cast to int (which returned 0 where 2.5 is right)."""
+    log_w = torch.tensor([0.0, math.log(3.0)])
+    out = reweighted_mean(torch.tensor([1, 3]), log_w)
+    assert out.is_floating_point() and out.item() == pytest.approx(2.5)
+    assert reweighted_mean(torch.tensor([True, False]), log_w).item() == pytest.approx(0.25)
+
+
+def test_reweighted_mean_leaves_out_values_of_zero_weight() -> None:
+    log_w = torch.tensor([0.0, -math.inf, 0.0], dtype=torch.float64)
+    for bad in (math.inf, -math.inf, math.nan):
+        values = torch.tensor([[1.0, 2.0], [bad, bad], [3.0, 4.0]], dtype=torch.float64)
+        assert reweighted_mean(values, log_w).tolist() == [2.0, 3.0]
+    values = torch.tensor([1.0, math.nan, 3.0], dtype=torch.float64)  # NaN of positive weight: NaN
+    assert torch.isnan(reweighted_mean(values, torch.zeros(3, dtype=torch.float64)))
+
+
+def test_free_energy_profile_refuses_what_it_cannot_bin() -> None:
+    x = torch.randn(100, generator=torch.Generator().manual_seed(0))
+    for bad in ((-math.inf, 1.0), (0.0, math.inf), (math.nan, 1.0)):
+        with pytest.raises(ValueError, match="expected a finite range"):
+            free_energy_profile(x, range=bad)
+    with pytest.raises(ValueError, match=r"expected bins in \[1, 10000000\], got 1000000000000"):
+        free_energy_profile(x, bins=10**12)
+    with pytest.raises(TypeError, match=r"expected bins to be an int, got 2\.5"):
+        free_energy_profile(x, bins=2.5)
+    with pytest.raises(ValueError, match="expected non-empty coordinate"):
+        free_energy_profile(x[:0])
+    profile = free_energy_profile(torch.arange(4), bins=2)  # integer coordinates are promoted
+    assert profile.density.tolist() == pytest.approx([1 / 3, 1 / 3])  # half the mass per bin of width 1.5
+
+
+@pytest.mark.parametrize("function", [kish_ess, log_z_estimate])
+def test_log_weight_functions_check_their_input(function) -> None:
+    with pytest.raises(ValueError, match="expected non-empty log weights"):
+        function(torch.zeros(0))
+    with pytest.raises(ValueError, match="expected log weights without NaN values, got 1"):
+        function(torch.tensor([0.0, math.nan]))
+    with pytest.raises(ValueError, match=r"expected log weights of shape \(N,\)"):
+        function(torch.zeros(2, 2))
+    assert function(torch.zeros(4, dtype=torch.int64)) is not None  # integer log weights are promoted

@@ -174,3 +174,87 @@ def test_torch_transform_follows_the_contract_and_moves_with_the_module() -> Non
         flows.TorchTransform(T.StickBreakingTransform(), 3)
     with pytest.raises(TypeError, match=r"expected a torch\.distributions\.transforms\.Transform"):
         flows.TorchTransform(torch.nn.Identity(), 2)
+
+
+@pytest.mark.parametrize(
+    "make",
+    [
+        lambda: torch.distributions.Bernoulli(torch.full((2,), 0.5)),
+        lambda: torch.distributions.Poisson(torch.ones(2)),
+        lambda: Independent(Categorical(torch.ones(2, 3)), 1),
+        lambda: torch.distributions.Dirichlet(torch.ones(2)),
+        lambda: torch.distributions.Beta(torch.ones(2), torch.ones(2)),
+        lambda: torch.distributions.LogNormal(torch.zeros(2), torch.ones(2)),
+    ],
+    ids=["bernoulli", "poisson", "categorical", "dirichlet", "beta", "lognormal"],
+)
+def test_a_base_without_real_support_is_refused_naming_its_support(make) -> None:
+    base = make()
+    name = type(base).__name__
+    with pytest.raises(TypeError, match=rf"expected a base distribution with real support .* got {name}"):
+        Flow(Affine(2), base)
+    with pytest.raises(TypeError, match=r"with support \w+"):
+        TorchDistribution(base)
+
+
+def test_a_real_base_keeps_nan_visible() -> None:
+    base = TorchDistribution(Independent(StudentT(torch.full((2, 3), 4.0)), 1))
+    x = torch.randn(5, 2, 3)
+    x[0, 1, 2] = math.nan
+    log_p = base.log_prob(x)
+    assert torch.isnan(log_p[0]) and bool(torch.isfinite(log_p[1:]).all())
+
+
+def test_flow_distribution_says_what_has_no_closed_form() -> None:
+    d = Flow(Affine(2), DiagNormal(2))()
+    for get in (
+        lambda: d.mean,
+        lambda: d.variance,
+        lambda: d.stddev,
+        lambda: d.mode,
+        d.entropy,
+        lambda: d.cdf(torch.zeros(2)),
+        lambda: d.icdf(torch.zeros(2)),
+    ):
+        with pytest.raises(NotImplementedError, match=r"not available: .* estimate it from samples"):
+            get()
+
+
+def test_flow_distribution_batch_shapes_are_checked(conditional: MAF) -> None:
+    flow = Flow(Affine(2), DiagNormal(2))
+    for bad in ((-2,), (2.5,), "ab"):
+        with pytest.raises(ValueError, match="expected a batch shape of non-negative integers"):
+            FlowDistribution(flow, batch_shape=bad)
+        with pytest.raises(ValueError, match="expected a batch shape of non-negative integers"):
+            flow().expand(bad)
+    d = conditional(torch.randn(4, 3, dtype=torch.float64))
+    for bad in ((1,), (3,), (4, 2)):  # broadcastable with (4,) but not an expansion of it
+        with pytest.raises(ValueError, match=r"expected a batch shape that \(4,\) broadcasts to"):
+            d.expand(bad)
+    assert d.expand((2, 4)).sample().shape == (2, 4, 2)
+
+
+def test_a_declared_context_that_no_layer_reads_is_refused() -> None:
+    with pytest.raises(ValueError, match="never read a context"):
+        Flow(Affine(2), DiagNormal(2), context=3)
+    assert Flow(Affine(2), DiagNormal(2), context=0).context_features == 0
+    with pytest.raises(ValueError, match="expected context >= 0, got -1"):
+        Flow(Affine(2), DiagNormal(2), context=-1)
+
+
+@pytest.mark.parametrize(
+    "make",
+    [
+        lambda T: T.PowerTransform(0.0),
+        lambda T: T.PowerTransform(math.inf),
+        lambda T: T.AffineTransform(0.0, 0.0),
+        lambda T: T.AffineTransform(torch.zeros(2), torch.tensor([1.0, 0.0])),
+        lambda T: T.ComposeTransform([T.ExpTransform(), T.PowerTransform(0.0)]),
+    ],
+    ids=["power-0", "power-inf", "affine-0", "affine-one-zero-scale", "composed"],
+)
+def test_torch_transform_refuses_a_degenerate_transform(make) -> None:
+    from torch.distributions import transforms as T
+
+    with pytest.raises(ValueError, match=r"expected a bijective transform, got .* at a point of its domain"):
+        flows.TorchTransform(make(T), 2)

@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import math
+
 import pytest
 import torch
 
@@ -93,7 +95,7 @@ def test_metric_input_errors() -> None:
         split_rhat(torch.randn(5))
     with pytest.raises(ValueError, match="expected at least 4 draws, got 2"):
         effective_sample_size(torch.randn(2, 3))
-    with pytest.raises(TypeError, match=r"expected a torch\.Tensor"):
+    with pytest.raises(TypeError, match=r"expected samples to be a torch\.Tensor"):
         integrated_autocorr_time([[0.0]])
     with pytest.raises(ValueError, match=r"expected samples of shape \(\*batch, 2\), got \(10, 3\)"):
         mode_weights(torch.randn(10, 3), torch.zeros(4, 2))
@@ -101,7 +103,7 @@ def test_metric_input_errors() -> None:
         mode_weight_error(torch.randn(10, 2), torch.zeros(4, 2), weights=torch.ones(3) / 3)
     with pytest.raises(ValueError, match="expected samples with the same event shape"):
         sliced_wasserstein(torch.randn(10, 3), torch.randn(10, 2))
-    with pytest.raises(ValueError, match=r"expected a \(steps, chains\) tensor"):
+    with pytest.raises(ValueError, match=r"expected accepted of shape \(steps, chains\)"):
         acceptance_rate(torch.ones(3))
 
 
@@ -129,3 +131,53 @@ def test_chain_plots_name_the_shown_coordinates() -> None:
     assert [(ax.get_xlabel(), ax.get_ylabel()) for ax in pair_axes] == [("", "x0"), ("x4", "x2"), ("x0", "")]
     pair_axes = plot_chain_pairs(chains, max_dims=2, labels=["a", "b"]).axes
     assert [(ax.get_xlabel(), ax.get_ylabel()) for ax in pair_axes] == [("a", "b")]
+
+
+def test_metric_inputs_share_one_check() -> None:
+    """Empty inputs, zero chains and empty events are refused; bool and integer inputs are promoted."""
+    for bad in (torch.randn(10, 0), torch.randn(10, 0, 2), torch.randn(10, 3, 0)):
+        for diagnostic in (effective_sample_size, split_rhat, integrated_autocorr_time):
+            with pytest.raises(ValueError, match="expected non-empty samples"):
+                diagnostic(bad)
+    ints = torch.randint(0, 3, (40, 3), generator=torch.Generator().manual_seed(0))
+    assert torch.equal(effective_sample_size(ints), effective_sample_size(ints.double()))
+    assert torch.equal(split_rhat(ints.bool()), split_rhat(ints.bool().double()))
+    with pytest.raises(TypeError, match="expected split to be True or False"):
+        effective_sample_size(ints, split="yes")
+
+
+def test_acceptance_rate_refuses_values_outside_the_unit_interval() -> None:
+    with pytest.raises(ValueError, match=r"expected acceptances or probabilities in \[0, 1\], got 1.5"):
+        acceptance_rate(torch.tensor([[0.5, 1.5]]))
+    with pytest.raises(ValueError, match="expected non-empty accepted"):
+        acceptance_rate(torch.zeros(0, 3))
+    rate = acceptance_rate(torch.tensor([[0.5, float("nan")], [1.0, 1.0]]))
+    assert rate[0].item() == 0.75 and torch.isnan(rate[1])
+
+
+def test_mode_weights_of_a_nan_sample_are_nan() -> None:
+    means = torch.tensor([[-5.0], [5.0]])
+    for bad in (float("nan"), float("inf")):
+        weights = mode_weights(torch.tensor([[-4.0], [bad], [4.0]]), means)
+        assert weights.shape == (2,) and bool(torch.isnan(weights).all())
+        assert math.isnan(mode_weight_error(torch.tensor([[-4.0], [bad]]), means))
+    assert mode_weights(torch.tensor([[-4], [6], [5]]), means).tolist() == pytest.approx([1 / 3, 2 / 3])
+    with pytest.raises(ValueError, match="expected means without NaN"):
+        mode_weights(torch.zeros(3, 1), torch.tensor([[0.0], [math.nan]]))
+    with pytest.raises(ValueError, match="expected non-negative weights summing to one"):
+        mode_weight_error(torch.zeros(3, 1), means, weights=torch.tensor([0.7, 0.7]))
+
+
+def test_sliced_wasserstein_order_and_projections_are_checked() -> None:
+    x = torch.randn(50, 2, generator=torch.Generator().manual_seed(0))
+    for p in (math.inf, math.nan, 0.5, True):
+        with pytest.raises(ValueError, match="expected a finite order p >= 1"):
+            sliced_wasserstein(x, x, p=p)
+    with pytest.raises(ValueError, match=r"expected projections in \[1, 1000000\]"):
+        sliced_wasserstein(x, x, projections=10**12)
+    nan = x.clone()
+    nan[3, 1] = math.nan
+    assert math.isnan(sliced_wasserstein(nan, x))
+    same = sliced_wasserstein(x, x + 1, generator=torch.Generator().manual_seed(1))
+    ints = sliced_wasserstein(x.round().long(), x.round() + 1, generator=torch.Generator().manual_seed(1))
+    assert ints == pytest.approx(same, rel=0.1)  # integers are promoted, not truncated

@@ -384,7 +384,7 @@ def test_equivariant_ot_coupling_matches_brute_force() -> None:
     x3, _ = EquivariantOTCoupling(n, d, ot=False)(x, z)
     for i in range(batch):
         torch.testing.assert_close(_pair_distances(x3[i], n, d), _pair_distances(x[i], n, d))
-    with pytest.raises(ValueError, match=r"expected x and z of shape \(N, 8\)"):
+    with pytest.raises(ValueError, match=r"expected [xz] of shape \(N, 8\) for 4 particles in 2 dimensions"):
         EquivariantOTCoupling(n, d)(x[:, :6], z[:, :6])
 
 
@@ -465,3 +465,53 @@ def test_egnn_compiled_divergence_is_the_eager_one() -> None:
     (grad,) = torch.autograd.grad(compiled[1].sum(), weight)
     (grad_eager,) = torch.autograd.grad(eager[1].sum(), weight)
     torch.testing.assert_close(grad, grad_eager, atol=1e-11, rtol=0)
+
+
+def _poisoned_pair(n: int = 4, d: int = 2, batch: int = 3) -> tuple[torch.Tensor, torch.Tensor]:
+    gen = torch.Generator().manual_seed(0)
+    x = torch.randn(batch, n * d, generator=gen, dtype=torch.float64)
+    z = torch.randn(batch, n * d, generator=gen, dtype=torch.float64)
+    return x, z
+
+
+@pytest.mark.parametrize("n", [4, 8])  # the exact enumeration and the assignment + Kabsch path
+@pytest.mark.parametrize("value", [math.nan, math.inf])
+def test_align_gives_nan_rows_for_non_finite_pairs_and_keeps_the_others(n: int, value: float) -> None:
+    x, z = _poisoned_pair(n)
+    clean_aligned, clean_distances = align(x, z, n, 2), aligned_distances(x, z, n, 2)
+    x[1, 3] = value
+    aligned, distances = align(x, z, n, 2), aligned_distances(x, z, n, 2)
+    assert bool(torch.isnan(aligned[1]).all()) and torch.isnan(distances[1])
+    torch.testing.assert_close(aligned[[0, 2]], clean_aligned[[0, 2]])
+    torch.testing.assert_close(distances[[0, 2]], clean_distances[[0, 2]])
+    r = kabsch(x.reshape(3, n, 2), z.reshape(3, n, 2))
+    assert bool(torch.isnan(r[1]).all()) and bool(torch.isfinite(r[[0, 2]]).all())
+
+
+def test_particle_functions_share_one_input_check() -> None:
+    x, z = _poisoned_pair()
+    ints = x.round().long()
+    torch.testing.assert_close(align(ints, z, 4, 2), align(ints.double(), z, 4, 2))  # promoted, not refused
+    torch.testing.assert_close(remove_mean(ints, 4, 2), remove_mean(ints.double(), 4, 2))
+    assert align(x[:0], z[:0], 4, 2).shape == (0, 8) and aligned_distances(x[:0], z[:0], 4, 2).shape == (0,)
+    for call in (lambda: align(x, z, 3, 2), lambda: remove_mean(x, 3, 2), lambda: path_lengths(x, z, 3, 2)):
+        with pytest.raises(ValueError, match=r"expected x of shape \(.*6\) for 3 particles in 2 dimensions"):
+            call()
+    with pytest.raises(ValueError, match="expected non-empty x"):
+        path_lengths(x[:0], z[:0], 4, 2)
+    bad = x.clone()
+    bad[0, 0] = math.nan
+    with pytest.raises(ValueError, match="expected x without NaN values"):
+        path_lengths(bad, z, 4, 2)
+    with pytest.raises(ValueError, match="expected x without NaN values"):
+        best_permutation(bad[0].reshape(4, 2), z[0].reshape(4, 2))
+    with pytest.raises(ValueError, match="expected x without NaN values"):
+        EquivariantOTCoupling(4, 2)(bad, z)
+    with pytest.raises(ValueError, match=r"with n, d >= 1"):
+        kabsch(torch.zeros(0, 2), torch.zeros(0, 2))
+    with pytest.raises(TypeError, match=r"expected x to be a torch\.Tensor"):
+        align(x.tolist(), z, 4, 2)
+    with pytest.raises(ValueError, match=r"expected exact_up_to in \[0, 8\]"):
+        align(x, z, 4, 2, exact_up_to=12)
+    with pytest.raises(TypeError, match="expected a floating-point dtype"):
+        subspace_basis(3, 2, dtype=torch.int64)

@@ -94,6 +94,36 @@ def _copyable(t: tdt.Transform) -> tdt.Transform:
     return t.with_cache(0)
 
 
+def _probe_bijective(t: tdt.Transform, shape: tuple[int, ...]) -> str | None:
+    """What shows ``t`` is not a bijection at two generic points of its domain, or ``None``.
+
+    ``bijective`` is a class attribute: ``PowerTransform(0.)`` or ``AffineTransform(0., 0.)``
+    claim it while mapping everything to one point. At two points inside the domain
+    (:func:`torch.distributions.transform_to` of generic reals) the log-determinant must be finite
+    and ``t.inv(t(x))`` must give ``x`` back. A domain that cannot be sampled is not probed.
+    """
+    dtype = next((v.dtype for v in vars(t).values() if isinstance(v, Tensor) and v.is_floating_point()), None)
+    dtype = torch.promote_types(dtype or torch.float64, torch.float64)
+    u = torch.tensor([0.3183, -0.5772], dtype=dtype).reshape(2, *(1,) * len(shape)).expand(2, *shape)
+    try:
+        x = torch.distributions.transform_to(t.domain)(u)
+    except NotImplementedError:
+        return None
+    try:
+        with torch.no_grad():
+            z = t(x)
+            back = t.inv(z)
+            ladj = torch.as_tensor(t.log_abs_det_jacobian(x, z))
+    except (ArithmeticError, RuntimeError, ValueError) as error:  # e.g. math.log(0) of a float scale
+        return f"an error at a point of its domain ({type(error).__name__}: {error})"
+    finite = torch.isfinite(ladj)
+    if not bool(finite.all()):
+        return f"a non-finite log-determinant {ladj[~finite][0].item()} at a point of its domain"
+    if not bool(torch.allclose(back, x, rtol=1e-6, atol=1e-8)):
+        return "an inverse that does not give the input back (t.inv(t(x)) != x) at a point of its domain"
+    return None
+
+
 class TorchTransform(Bijection):
     r"""A bijective ``torch.distributions`` transform, with its log-determinant summed over the event.
 
@@ -111,8 +141,10 @@ class TorchTransform(Bijection):
 
     Raises:
         TypeError: for something that is not a ``torch.distributions.transforms.Transform``.
-        ValueError: for a non-bijective transform, one that changes the event shape, or an event
-            shape with fewer dimensions than the transform's own event dimension.
+        ValueError: for a non-bijective transform (``bijective=False``, or one that fails the probe
+            at two points of its domain: a non-finite log-determinant or ``t.inv(t(x)) != x``, as
+            ``PowerTransform(0.)`` does), one that changes the event shape, or an event shape with
+            fewer dimensions than the transform's own event dimension.
 
     Example:
         >>> import torch
@@ -144,6 +176,10 @@ class TorchTransform(Bijection):
                 f"TorchTransform: expected a transform that keeps the event shape {shape}, "
                 f"got one that maps it to {tuple(transform.forward_shape(shape))}"
             )
+        problem = _probe_bijective(transform, shape)
+        if problem is not None:
+            text = " ".join(str(transform).split())  # a composition's repr spans lines
+            raise ValueError(f"TorchTransform: expected a bijective transform, got {text} with {problem}")
         self.transform = _copyable(transform)
         self._slots = _tensor_slots(self.transform)
         for owner, key, name in self._slots:

@@ -4,8 +4,10 @@ from __future__ import annotations
 
 from collections.abc import Sequence
 
+import torch
 import torch.distributions as td
 from torch import Tensor
+from torch.distributions import constraints
 
 from flows._validation import check_event
 from flows.distributions.base import Distribution
@@ -19,6 +21,47 @@ def _tensor_arguments(d: td.Distribution) -> dict[str, Tensor]:
     if isinstance(d, td.MultivariateNormal):  # exactly one matrix parameterisation may be given
         found = {"loc": d.loc, "scale_tril": d.scale_tril}
     return found
+
+
+def _real_support(support: constraints.Constraint) -> bool:
+    """Whether ``support`` is the whole real space: ``real``, ``real_vector`` or ``independent(real, k)``."""
+    while isinstance(support, constraints.independent):
+        support = support.base_constraint
+    return support is constraints.real
+
+
+def check_support(distribution: td.Distribution, who: str = "TorchDistribution") -> constraints.Constraint:
+    r"""Return the support of ``distribution`` if a flow on :math:`\mathbb R^d` can use it as its base, else raise.
+
+    A flow's transform is a bijection of the real space: a base must be a density on all of it.
+    A discrete base (``Bernoulli``, ``Poisson``, ``Categorical``) has no density there, and a
+    simplex or interval one (``Dirichlet``, ``Beta``) gives ``-inf`` or, rebuilt without argument
+    validation, finite nonsense for latents outside its support. (Bounded data belongs in the
+    transform, e.g. a sigmoid layer, with a real base.)
+
+    Raises:
+        TypeError: for a support other than ``real``, ``real_vector`` or ``independent(real, k)``,
+            naming the support that came.
+    """
+    try:
+        support = distribution.support
+    except NotImplementedError:
+        support = None
+    inner = distribution
+    while isinstance(inner, td.Independent):
+        inner = inner.base_dist
+    if isinstance(inner, td.VonMises):  # declares `real` but is a density on a circle (periodic on R)
+        raise TypeError(
+            f"{who}: expected a base distribution with a density on the real space, got VonMises, a circular "
+            "distribution whose declared support `real` repeats every 2 pi"
+        )
+    if support is None or not _real_support(support):
+        raise TypeError(
+            f"{who}: expected a base distribution with real support (real, real_vector or independent(real)), "
+            f"got {type(distribution).__name__} with support {support}"
+            + ("" if support is None or support.is_discrete is False else " (a discrete distribution has no density)")
+        )
+    return support
 
 
 class TorchDistribution(Distribution):
@@ -36,8 +79,13 @@ class TorchDistribution(Distribution):
         distribution: e.g. ``StudentT(df, loc, scale)`` or ``Independent(Laplace(loc, scale), 1)``,
             whose arguments are tensors of the event shape.
 
+    Only bases on the whole real space are accepted (:func:`check_support`): ``log_prob`` is
+    ``-inf`` for a latent the support does not hold, whatever the rebuilt distribution (which
+    skips argument validation) would compute there, and NaN stays NaN.
+
     Raises:
-        TypeError: for something that is not a ``torch.distributions.Distribution``.
+        TypeError: for something that is not a ``torch.distributions.Distribution``, or one whose
+            support is not the real space (a discrete or simplex distribution).
         ValueError: for a distribution that cannot be rebuilt from its tensor arguments.
 
     Example:
@@ -53,10 +101,12 @@ class TorchDistribution(Distribution):
             raise TypeError(
                 f"TorchDistribution: expected a torch.distributions.Distribution, got {type(distribution).__name__}"
             )
+        support = check_support(distribution)
         inner = distribution
         while isinstance(inner, td.Independent):
             inner = inner.base_dist
         super().__init__(tuple(inner.batch_shape) + tuple(inner.event_shape))
+        self.support = support
         self.family = type(inner)
         arguments = _tensor_arguments(inner)
         self._names = sorted(arguments)
@@ -78,7 +128,13 @@ class TorchDistribution(Distribution):
 
     def log_prob(self, x: Tensor, context: Tensor | None = None) -> Tensor:
         check_event(x, self.event_shape, type(self).__name__)
-        return self.distribution().log_prob(x)
+        d = self.distribution()
+        log_p = d.log_prob(x)
+        n = len(self.event_shape) - self.support.event_dim  # event dims the support's check leaves per entry
+        inside = self.support.check(x)
+        inside = inside.flatten(inside.dim() - n).all(-1) if n else inside
+        nan = torch.isnan(x).flatten(x.dim() - len(self.event_shape)).any(-1) if self.event_shape else torch.isnan(x)
+        return torch.where(inside | nan, log_p, -torch.inf)
 
     def rsample(self, sample_shape: Sequence[int] = (), context: Tensor | None = None) -> Tensor:
         shape = self._sample_shape(sample_shape, context)

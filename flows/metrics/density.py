@@ -6,6 +6,8 @@ import math
 
 from torch import Tensor
 
+from flows._validation import check_count, check_samples
+
 __all__ = ["bits_per_dim"]
 
 
@@ -25,9 +27,19 @@ def bits_per_dim(log_prob: Tensor, dims: int, levels: int) -> Tensor:
         dims: number of dimensions ``D`` of one sample.
         levels: number of discrete levels ``K`` (256 for 8-bit images, 17 for the digits).
 
+    Returns:
+        bits per dimension, the shape of ``log_prob`` (NaN where ``log_prob`` is NaN).
+
+    Raises:
+        TypeError: for a non-tensor ``log_prob`` or non-integer ``dims``/``levels``.
+        ValueError: for an empty ``log_prob``, ``dims < 1`` or ``levels < 2``.
+
     Example:
         >>> import torch
         >>> bits_per_dim(torch.tensor(0.0), dims=4, levels=256).item()  # uniform density: 8 bits
         8.0
     """
+    log_prob = check_samples(log_prob, "bits_per_dim", "log_prob")
+    check_count(dims, "bits_per_dim", "dims")
+    check_count(levels, "bits_per_dim", "levels", minimum=2)
     return -(log_prob - dims * math.log(levels)) / (dims * math.log(2))

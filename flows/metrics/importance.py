@@ -19,11 +19,13 @@ from dataclasses import dataclass
 import torch
 from torch import Tensor
 
-from flows._validation import check_finite
+from flows._validation import check_count, check_samples
 from flows.flow import Flow, evaluating
 from flows.targets.base import EnergyTarget
 
 __all__ = [
+    "MAX_BINS",
+    "MAX_SAMPLE_ENTRIES",
     "FreeEnergyProfile",
     "free_energy_profile",
     "kish_ess",
@@ -34,12 +36,14 @@ __all__ = [
 ]
 
 
+MAX_BINS = 10_000_000
+"""The most bins :func:`free_energy_profile` accepts (checked before anything is allocated)."""
+
+
 def _check_log_weights(log_w: Tensor, who: str) -> Tensor:
-    if not isinstance(log_w, Tensor) or log_w.dim() != 1 or log_w.numel() == 0:
-        shape = tuple(log_w.shape) if isinstance(log_w, Tensor) else type(log_w).__name__
-        raise ValueError(f"{who}: expected log weights of shape (N,) with N >= 1, got {shape}")
-    if torch.isnan(log_w).any() or torch.isposinf(log_w).any():
-        raise ValueError(f"{who}: expected log weights without NaN or +inf, got {int((~torch.isfinite(log_w)).sum())}")
+    log_w = check_samples(log_w, who, "log weights", layout="(N,)", ndim=1, nan="refuse")
+    if torch.isposinf(log_w).any():
+        raise ValueError(f"{who}: expected log weights without +inf, got {int(torch.isposinf(log_w).sum())}")
     if torch.isneginf(log_w).all():
         raise ValueError(f"{who}: every weight is zero (all log weights are -inf)")
     return log_w
@@ -57,12 +61,18 @@ def log_importance_weights(energy: Tensor, log_q: Tensor) -> Tensor:
         >>> log_importance_weights(torch.tensor([1.0, 2.0]), torch.tensor([-1.0, -1.5])).tolist()
         [0.0, -0.5]
     """
+    energy = check_samples(energy, "log_importance_weights", "energy", layout="batch")
+    log_q = check_samples(log_q, "log_importance_weights", "log_q", layout="batch")
     if energy.shape != log_q.shape:
         raise ValueError(
             f"log_importance_weights: expected energy and log_q of the same shape, got {tuple(energy.shape)} "
             f"and {tuple(log_q.shape)}"
         )
     return -energy - log_q
+
+
+MAX_SAMPLE_ENTRIES = 1 << 31
+"""The most numbers (``n`` times the event size) :func:`sample_log_weights` draws in one call."""
 
 
 @torch.no_grad()
@@ -74,6 +84,10 @@ def sample_log_weights(flow: Flow, target: EnergyTarget, n: int, *, batch_size: 
     Returns:
         ``(x, log_w)`` of shapes ``(n, *event_shape)`` and ``(n,)``.
 
+    Raises:
+        TypeError: for a flow or target of the wrong kind, or non-integer counts.
+        ValueError: for ``n < 1``, ``batch_size < 1``, or more than ``MAX_SAMPLE_ENTRIES`` numbers to hold.
+
     Example:
         >>> import torch
         >>> from flows import Affine, Flow, StandardNormal
@@ -82,10 +96,13 @@ def sample_log_weights(flow: Flow, target: EnergyTarget, n: int, *, batch_size: 
         >>> torch.allclose(log_w, torch.zeros(100), atol=1e-5)  # the model is the target
         True
     """
-    if not isinstance(n, int) or n < 1 or batch_size < 1:
-        raise ValueError(
-            f"sample_log_weights: expected positive n and batch_size, got n={n!r}, batch_size={batch_size!r}"
-        )
+    if not isinstance(flow, Flow):
+        raise TypeError(f"sample_log_weights: expected a Flow, got {type(flow).__name__}")
+    if not callable(getattr(target, "energy", None)):
+        raise TypeError(f"sample_log_weights: expected an energy target, got {type(target).__name__}")
+    size = math.prod(s or 1 for s in flow.event_shape)
+    check_count(n, "sample_log_weights", "n", maximum=MAX_SAMPLE_ENTRIES // size)
+    check_count(batch_size, "sample_log_weights", "batch_size")
     xs, ws = [], []
     with evaluating(flow):
         for start in range(0, n, batch_size):
@@ -138,12 +155,16 @@ def log_z_estimate(log_w: Tensor) -> tuple[Tensor, Tensor]:
 def reweighted_mean(values: Tensor, log_w: Tensor) -> Tensor:
     r"""Self-normalised importance-sampling estimate :math:`\sum_i w_i f_i / \sum_i w_i`.
 
+    Samples of zero weight (log weight ``-inf``) do not enter, whatever their value (an infinite
+    or NaN value there changes nothing); a NaN value of positive weight gives NaN. Integer and
+    bool values are promoted to float64 (never the weights to the values' dtype).
+
     Args:
         values: :math:`f(x_i)`, shape ``(N, *value_shape)``.
         log_w: log weights, shape ``(N,)``.
 
     Returns:
-        the estimate, shape ``value_shape``.
+        the estimate, shape ``value_shape``, in the promoted floating dtype of both inputs.
 
     Example:
         >>> import torch
@@ -151,10 +172,24 @@ def reweighted_mean(values: Tensor, log_w: Tensor) -> Tensor:
         2.5
     """
     log_w = _check_log_weights(log_w, "reweighted_mean")
+    values = check_samples(values, "reweighted_mean", "values", layout="(N, *value_shape)", min_ndim=1)
     if values.shape[:1] != log_w.shape:
         raise ValueError(f"reweighted_mean: expected values of shape ({log_w.numel()}, ...), got {tuple(values.shape)}")
-    w = torch.softmax(log_w, 0).to(values.dtype)
-    return torch.tensordot(w, values, dims=1)
+    dtype = torch.promote_types(values.dtype, log_w.dtype)
+    w = torch.softmax(log_w.to(dtype), 0).reshape(-1, *(1,) * (values.dim() - 1))
+    terms = torch.where(w > 0, w * values.to(dtype), torch.zeros((), dtype=dtype, device=values.device))
+    return terms.sum(0)
+
+
+def _range(bounds: object) -> tuple[float, float]:
+    """``(low, high)`` as two finite floats, or a ``ValueError`` naming what came."""
+    try:
+        low, high = (float(b) for b in bounds)  # type: ignore[union-attr]
+    except (TypeError, ValueError):
+        raise ValueError(f"free_energy_profile: expected range (low, high) of two numbers, got {bounds!r}") from None
+    if not (math.isfinite(low) and math.isfinite(high)):
+        raise ValueError(f"free_energy_profile: expected a finite range (low, high), got ({low}, {high})")
+    return low, high
 
 
 @dataclass
@@ -195,8 +230,13 @@ def free_energy_profile(
     Args:
         coordinate: :math:`s(x_i)`, shape ``(N,)``.
         log_w: log weights, shape ``(N,)``, or ``None`` for the unweighted profile.
-        bins: number of bins.
-        range: ``(low, high)``; defaults to the samples' range.
+        bins: number of bins, at most ``MAX_BINS``.
+        range: finite ``(low, high)`` with ``low < high``; defaults to the samples' range.
+
+    Raises:
+        TypeError: for a non-tensor coordinate or a non-integer ``bins``.
+        ValueError: for an empty, NaN or infinite coordinate, bad log weights, ``bins`` out of
+            ``[1, MAX_BINS]``, or a range that is not two finite numbers with ``low < high``.
 
     Example:
         >>> import torch
@@ -205,11 +245,10 @@ def free_energy_profile(
         >>> bool((profile.free_energy - expected).abs().max() < 0.05)
         True
     """
-    if not isinstance(coordinate, Tensor) or coordinate.dim() != 1:
-        raise ValueError(
-            f"free_energy_profile: expected a coordinate of shape (N,), got {getattr(coordinate, 'shape', coordinate)}"
-        )
-    check_finite(coordinate, "free_energy_profile", "coordinate")
+    coordinate = check_samples(
+        coordinate, "free_energy_profile", "coordinate", layout="(N,)", ndim=1, nan="refuse", inf="refuse"
+    )
+    check_count(bins, "free_energy_profile", "bins", maximum=MAX_BINS)
     n = coordinate.numel()
     if log_w is None:
         w = torch.full_like(coordinate, 1.0 / n)
@@ -220,9 +259,7 @@ def free_energy_profile(
                 f"free_energy_profile: expected log_w of shape {tuple(coordinate.shape)}, got {tuple(log_w.shape)}"
             )
         w = torch.softmax(log_w.to(coordinate.dtype), 0)
-    if not isinstance(bins, int) or bins < 1:
-        raise ValueError(f"free_energy_profile: expected a positive int bins, got {bins!r}")
-    low, high = (float(coordinate.min()), float(coordinate.max())) if range is None else map(float, range)
+    low, high = (float(coordinate.min()), float(coordinate.max())) if range is None else _range(range)
     if not high > low:
         raise ValueError(f"free_energy_profile: expected range (low, high) with low < high, got ({low}, {high})")
     width = (high - low) / bins

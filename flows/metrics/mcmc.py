@@ -11,8 +11,11 @@ import math
 import torch
 from torch import Tensor
 
+from flows._validation import check_count, check_samples
+
 __all__ = [
     "ESS_METHODS",
+    "MAX_PROJECTIONS",
     "RHAT_METHODS",
     "acceptance_rate",
     "effective_sample_size",
@@ -25,16 +28,30 @@ __all__ = [
 
 
 def _draws_chains(samples: Tensor, who: str, min_draws: int = 4) -> Tensor:
-    """Check the ``(draws, chains, *event)`` layout and flatten the event: ``(draws, chains, p)``."""
-    if not isinstance(samples, Tensor):
-        raise TypeError(f"{who}: expected a torch.Tensor, got {type(samples).__name__}")
-    if samples.dim() < 2:
-        raise ValueError(f"{who}: expected samples of shape (draws, chains, *event), got {tuple(samples.shape)}")
-    if samples.shape[0] < min_draws:
-        raise ValueError(f"{who}: expected at least {min_draws} draws, got {samples.shape[0]}")
-    if not samples.is_floating_point():
-        samples = samples.double()
-    return samples.reshape(samples.shape[0], samples.shape[1], -1)
+    """Check the ``(draws, chains, *event)`` layout and flatten the event: ``(draws, chains, p)`` in float64.
+
+    The check is :func:`flows._validation.check_samples` (non-empty, bool/int promoted, NaN kept).
+    """
+    x = check_samples(samples, who, layout="(draws, chains, *event)", min_ndim=2)
+    if x.shape[0] < min_draws:
+        raise ValueError(f"{who}: expected at least {min_draws} draws, got {x.shape[0]}")
+    return x.to(torch.float64).reshape(x.shape[0], x.shape[1], -1)
+
+
+def _nan_where_nan(value: Tensor, x: Tensor, event: torch.Size) -> Tensor:
+    """``value`` ``(p,)`` with NaN for every coordinate that has a NaN draw in ``x`` ``(n, m, p)``, shaped ``event``.
+
+    A NaN draw makes every diagnostic of its coordinate undefined: ArviZ returns NaN there, and so
+    does this module (rank-based methods would otherwise rank the NaN and report a finite,
+    converged-looking value).
+    """
+    return torch.where(torch.isnan(x).any(0).any(0), torch.nan, value).reshape(event)
+
+
+def _check_flag(value: object, who: str, name: str) -> bool:
+    if not isinstance(value, bool):
+        raise TypeError(f"{who}: expected {name} to be True or False, got {value!r}")
+    return value
 
 
 def acceptance_rate(accepted: Tensor) -> Tensor:
@@ -45,10 +62,15 @@ def acceptance_rate(accepted: Tensor) -> Tensor:
         >>> acceptance_rate(torch.tensor([[True, False], [True, True]])).tolist()
         [1.0, 0.5]
     """
-    if not isinstance(accepted, Tensor) or accepted.dim() != 2:
-        shape = tuple(accepted.shape) if isinstance(accepted, Tensor) else type(accepted).__name__
-        raise ValueError(f"acceptance_rate: expected a (steps, chains) tensor, got {shape}")
-    return accepted.to(torch.float64).mean(0)
+    x = check_samples(accepted, "acceptance_rate", "accepted", layout="(steps, chains)", ndim=2)
+    outside = (x < 0) | (x > 1)
+    if bool(outside.any()):
+        where = outside.nonzero()[0].tolist()
+        raise ValueError(
+            f"acceptance_rate: expected acceptances or probabilities in [0, 1], got {x[tuple(where)].item()} "
+            f"at index {tuple(where)}"
+        )
+    return x.to(torch.float64).mean(0)
 
 
 def _autocovariance(x: Tensor) -> Tensor:
@@ -176,9 +198,13 @@ def integrated_autocorr_time(samples: Tensor, *, split: bool = True) -> Tensor:
         >>> bool(((tau > 0.8) & (tau < 1.2)).all())
         True
     """
+    _check_flag(split, "integrated_autocorr_time", "split")
     x = _draws_chains(samples, "integrated_autocorr_time")
-    return _tau(_split(x) if split else x).reshape(samples.shape[2:])
+    return _nan_where_nan(_tau(_split(x) if split else x), x, samples.shape[2:])
 
+
+MAX_PROJECTIONS = 1_000_000
+"""The most directions :func:`sliced_wasserstein` accepts (more is a typo, not a better estimate)."""
 
 ESS_METHODS = ("bulk", "tail", "mean", "sd", "quantile")
 
@@ -235,8 +261,11 @@ def effective_sample_size(
     """
     if method not in ESS_METHODS:
         raise ValueError(f"effective_sample_size: expected method in {ESS_METHODS}, got {method!r}")
-    x = _draws_chains(samples, "effective_sample_size").to(torch.float64)
+    _check_flag(split, "effective_sample_size", "split")
+    x = _draws_chains(samples, "effective_sample_size")
     event = samples.shape[2:]
+    if prob is not None and method not in ("tail", "quantile"):
+        raise ValueError(f"effective_sample_size: expected prob only with method 'tail' or 'quantile', got {method!r}")
     if method in ("tail", "quantile"):
         if method == "quantile" and prob is None:
             raise ValueError("effective_sample_size: expected a quantile level prob for method 'quantile', got None")
@@ -254,14 +283,13 @@ def effective_sample_size(
             _ess(_split(below) if split else below)
             for below in ((x <= _pooled_quantile(x, q)).to(x.dtype) for q in levels)
         ]
-        return torch.stack(ess).amin(0).reshape(event)
-    if method == "sd":
-        x = (x - x.mean((0, 1))).square()
+        return _nan_where_nan(torch.stack(ess).amin(0), x, event)
+    y = (x - x.mean((0, 1))).square() if method == "sd" else x
     if split:
-        x = _split(x)
+        y = _split(y)
     if method == "bulk":
-        x = _z_scale(x)
-    return _ess(x).reshape(event)
+        y = _z_scale(y)
+    return _nan_where_nan(_ess(y), x, event)
 
 
 RHAT_METHODS = ("rank", "split", "folded", "z_scale", "identity")
@@ -312,21 +340,20 @@ def split_rhat(samples: Tensor, *, method: str = "rank") -> Tensor:
     """
     if method not in RHAT_METHODS:
         raise ValueError(f"split_rhat: expected method in {RHAT_METHODS}, got {method!r}")
-    x = _draws_chains(samples, "split_rhat").to(torch.float64)
+    x = _draws_chains(samples, "split_rhat")
     if method == "identity" and x.shape[1] < 2:
         raise ValueError(f"split_rhat: expected at least 2 chains for method 'identity', got {x.shape[1]}")
     event = samples.shape[2:]
-    if method != "identity":
-        x = _split(x)
+    y = x if method == "identity" else _split(x)
     if method == "rank":
-        value = torch.maximum(_rhat(_z_scale(x)), _rhat(_z_scale(_fold(x))))
+        value = torch.maximum(_rhat(_z_scale(y)), _rhat(_z_scale(_fold(y))))
     elif method == "folded":
-        value = _rhat(_z_scale(_fold(x)))
+        value = _rhat(_z_scale(_fold(y)))
     elif method == "z_scale":
-        value = _rhat(_z_scale(x))
+        value = _rhat(_z_scale(y))
     else:
-        value = _rhat(x)
-    return value.reshape(event)
+        value = _rhat(y)
+    return _nan_where_nan(value, x, event)
 
 
 def _rhat(x: Tensor) -> Tensor:
@@ -345,7 +372,11 @@ def mode_weights(samples: Tensor, means: Tensor) -> Tensor:
         means: mode centres ``(K, *event_shape)``.
 
     Returns:
-        Weights ``(K,)`` summing to one.
+        Weights ``(K,)`` summing to one; all NaN when a sample has a NaN or infinite coordinate
+        (such a sample has no nearest mode, and leaving it out would change the fractions).
+
+    Raises:
+        ValueError: for empty samples or means, non-finite means, or an event shape other than the means'.
 
     Example:
         >>> import torch
@@ -353,18 +384,19 @@ def mode_weights(samples: Tensor, means: Tensor) -> Tensor:
         >>> mode_weights(torch.tensor([[-4.0], [-6.0], [4.5], [-5.5]]), means).tolist()
         [0.75, 0.25]
     """
-    if not isinstance(means, Tensor) or means.dim() < 2:
-        raise ValueError(f"mode_weights: expected means of shape (K, *event), got {getattr(means, 'shape', means)}")
+    means = check_samples(means, "mode_weights", "means", layout="(K, *event)", min_ndim=2, nan="refuse", inf="refuse")
     event_ndim = means.dim() - 1
-    if samples.dim() < event_ndim or samples.shape[samples.dim() - event_ndim :] != means.shape[1:]:
-        raise ValueError(
-            f"mode_weights: expected samples of shape (*batch, {', '.join(map(str, means.shape[1:]))}), "
-            f"got {tuple(samples.shape)}"
-        )
-    flat = samples.reshape(-1, math.prod(means.shape[1:])).to(means.dtype)
-    centres = means.reshape(means.shape[0], -1)
+    layout = f"(*batch, {', '.join(map(str, means.shape[1:]))})"
+    samples = check_samples(samples, "mode_weights", layout=layout, min_ndim=event_ndim)
+    if samples.shape[samples.dim() - event_ndim :] != means.shape[1:]:
+        raise ValueError(f"mode_weights: expected samples of shape {layout}, got {tuple(samples.shape)}")
+    dtype = torch.promote_types(samples.dtype, means.dtype)
+    flat = samples.reshape(-1, math.prod(means.shape[1:])).to(dtype)
+    centres = means.reshape(means.shape[0], -1).to(dtype)
+    if not bool(torch.isfinite(flat).all()):
+        return torch.full((means.shape[0],), torch.nan, dtype=dtype, device=flat.device)
     nearest = torch.cdist(flat, centres).argmin(dim=1)
-    return torch.bincount(nearest, minlength=means.shape[0]).to(means.dtype) / flat.shape[0]
+    return torch.bincount(nearest, minlength=means.shape[0]).to(dtype) / flat.shape[0]
 
 
 def mode_weight_error(samples: Tensor, means: Tensor, weights: Tensor | None = None) -> float:
@@ -383,6 +415,9 @@ def mode_weight_error(samples: Tensor, means: Tensor, weights: Tensor | None = N
         means: mode centres ``(K, *event_shape)``.
         weights: true mode weights ``(K,)`` (default ``1/K`` each).
 
+    Returns:
+        the error, NaN when a sample has a NaN or infinite coordinate (see :func:`mode_weights`).
+
     Example:
         >>> import torch
         >>> means = torch.tensor([[-5.0], [5.0]])
@@ -392,7 +427,10 @@ def mode_weight_error(samples: Tensor, means: Tensor, weights: Tensor | None = N
     estimate = mode_weights(samples, means)
     if weights is None:
         weights = torch.full_like(estimate, 1.0 / estimate.numel())
-    weights = torch.as_tensor(weights, dtype=estimate.dtype, device=estimate.device)
+    weights = check_samples(weights, "mode_weight_error", "weights", layout="(K,)", nan="refuse", inf="refuse")
+    weights = weights.to(dtype=estimate.dtype, device=estimate.device)
+    if bool((weights < 0).any()) or abs(float(weights.sum()) - 1) > 1e-6:
+        raise ValueError(f"mode_weight_error: expected non-negative weights summing to one, got {weights.tolist()}")
     if weights.shape != estimate.shape:
         raise ValueError(f"mode_weight_error: expected weights of shape {tuple(estimate.shape)}, got {weights.shape}")
     return float((estimate - weights).abs().max())
@@ -432,9 +470,17 @@ def sliced_wasserstein(
     Args:
         x: samples ``(n, *event_shape)``.
         y: reference samples ``(m, *event_shape)``.
-        projections: number of random directions.
-        p: order :math:`p \ge 1`.
+        projections: number of random directions (at most ``MAX_PROJECTIONS``).
+        p: a finite order :math:`p \ge 1`.
         generator: random generator for the directions (reproducible values).
+
+    Returns:
+        the distance; NaN when a sample holds NaN, ``inf`` when one holds an infinite value.
+
+    Raises:
+        TypeError: for non-tensor samples or a non-integer ``projections``.
+        ValueError: for empty samples, different event shapes, ``p`` not a finite number
+            :math:`\ge 1` or ``projections`` out of ``[1, MAX_PROJECTIONS]``.
 
     Example:
         >>> import torch
@@ -443,21 +489,27 @@ def sliced_wasserstein(
         >>> round(sliced_wasserstein(x, x + 2.0, projections=1000, generator=gen), 1)  # ||c|| / sqrt(D) = 2
         2.0
     """
-    if not isinstance(x, Tensor) or not isinstance(y, Tensor):
-        raise TypeError("sliced_wasserstein: expected torch.Tensor samples")
-    if x.dim() < 1 or y.dim() < 1 or x.shape[1:] != y.shape[1:]:
+    x = check_samples(x, "sliced_wasserstein", "x", layout="(n, *event)", min_ndim=1)
+    y = check_samples(y, "sliced_wasserstein", "y", layout="(m, *event)", min_ndim=1)
+    if x.shape[1:] != y.shape[1:]:
         raise ValueError(
             f"sliced_wasserstein: expected samples with the same event shape, got {tuple(x.shape)} and {tuple(y.shape)}"
         )
-    if not isinstance(projections, int) or projections < 1 or p < 1:
-        raise ValueError(f"sliced_wasserstein: expected projections >= 1 and p >= 1, got {projections} and {p}")
-    dtype = torch.promote_types(x.dtype, torch.float32)
+    check_count(projections, "sliced_wasserstein", "projections", maximum=MAX_PROJECTIONS)
+    if isinstance(p, bool) or not isinstance(p, (int, float)) or not math.isfinite(p) or p < 1:
+        raise ValueError(f"sliced_wasserstein: expected a finite order p >= 1, got {p!r}")
+    dtype = torch.promote_types(torch.promote_types(x.dtype, y.dtype), torch.float32)
     x, y = x.reshape(x.shape[0], -1).to(dtype), y.reshape(y.shape[0], -1).to(dtype)
     theta = torch.randn(x.shape[1], projections, generator=generator, dtype=dtype).to(x.device)
     theta = theta / theta.norm(dim=0, keepdim=True)
-    px, py = (x @ theta).sort(dim=0).values, (y @ theta).sort(dim=0).values
-    if px.shape[0] != py.shape[0]:
-        size = max(px.shape[0], py.shape[0])
-        levels = (torch.arange(size, dtype=dtype, device=x.device) + 0.5) / size
-        px, py = _quantiles(px, levels), _quantiles(py, levels)
-    return float((px - py).abs().pow(p).mean().pow(1.0 / p))
+    size = max(x.shape[0], y.shape[0])
+    chunk = max(1, (1 << 22) // size)  # directions per pass: memory stays bounded for many projections
+    total = torch.zeros((), dtype=dtype, device=x.device)
+    for start in range(0, projections, chunk):
+        t = theta[:, start : start + chunk]
+        px, py = (x @ t).sort(dim=0).values, (y @ t).sort(dim=0).values
+        if px.shape[0] != py.shape[0]:
+            levels = (torch.arange(size, dtype=dtype, device=x.device) + 0.5) / size
+            px, py = _quantiles(px, levels), _quantiles(py, levels)
+        total = total + (px - py).abs().pow(p).sum()
+    return float((total / (size * projections)).pow(1.0 / p))

@@ -22,10 +22,20 @@ import numpy as np
 import torch
 from torch import Tensor
 
+from flows._validation import check_count, check_samples
 from flows.nn._particles import _check_sizes, remove_mean
+from flows.particles._inputs import check_configurations, non_finite_rows
 from flows.train.pairs import ot_assignment
 
-__all__ = ["EquivariantOTCoupling", "align", "aligned_distances", "best_permutation", "kabsch", "path_lengths"]
+__all__ = [
+    "MAX_EXACT",
+    "EquivariantOTCoupling",
+    "align",
+    "aligned_distances",
+    "best_permutation",
+    "kabsch",
+    "path_lengths",
+]
 
 
 def kabsch(x: Tensor, z: Tensor, *, reflections: bool = True) -> Tensor:
@@ -41,7 +51,13 @@ def kabsch(x: Tensor, z: Tensor, *, reflections: bool = True) -> Tensor:
         reflections: allow improper rotations (:math:`O(d)`) or not (:math:`SO(d)`).
 
     Returns:
-        ``R``, shape ``(*batch, d, d)``: the aligned points are ``x @ R.mT``.
+        ``R``, shape ``(*batch, d, d)``: the aligned points are ``x @ R.mT``; all NaN for a batch
+        element whose points hold a NaN or infinite value (no rotation fits them). Integer and
+        bool points are promoted to float64.
+
+    Raises:
+        TypeError: for non-tensor or complex points, or a non-bool ``reflections``.
+        ValueError: for different shapes, fewer than two dimensions, or no points (``n = 0``).
 
     References:
         Kabsch (1976), "A solution for the best rotation to relate two sets of vectors", Acta
@@ -55,10 +71,23 @@ def kabsch(x: Tensor, z: Tensor, *, reflections: bool = True) -> Tensor:
         >>> torch.allclose(kabsch(x, x @ rot.T), rot)
         True
     """
-    if x.shape != z.shape or x.dim() < 2:
+    layout = "(*batch, n, d)"
+    x = check_samples(x, "kabsch", "x", layout=layout, min_ndim=2, empty_batch=True)
+    z = check_samples(z, "kabsch", "z", layout=layout, min_ndim=2, empty_batch=True)
+    if x.shape != z.shape or 0 in x.shape[-2:]:
         raise ValueError(
-            f"kabsch: expected x and z of the same shape (*batch, n, d), got {tuple(x.shape)} and {tuple(z.shape)}"
+            f"kabsch: expected x and z of the same shape (*batch, n, d) with n, d >= 1, "
+            f"got {tuple(x.shape)} and {tuple(z.shape)}"
         )
+    _check_flag(reflections, "kabsch", "reflections")
+    dtype = torch.promote_types(x.dtype, z.dtype)
+    x, z = x.to(dtype), z.to(dtype)
+    bad = ~(torch.isfinite(x).all((-2, -1)) & torch.isfinite(z).all((-2, -1)))
+    if bool(bad.any()):  # NaN in, NaN out: the SVD would refuse the whole batch
+        keep = ~bad[..., None, None]
+        zero = torch.zeros((), dtype=dtype, device=x.device)
+        r = kabsch(torch.where(keep, x, zero), torch.where(keep, z, zero), reflections=reflections)
+        return torch.where(keep, r, torch.nan)
     u, _, vh = torch.linalg.svd(x.mT @ z)
     r = vh.mT @ u.mT
     if not reflections:
@@ -68,6 +97,12 @@ def kabsch(x: Tensor, z: Tensor, *, reflections: bool = True) -> Tensor:
         flip[..., -1] = sign
         r = vh.mT @ (flip[..., :, None] * u.mT)
     return r
+
+
+def _check_flag(value: object, who: str, name: str) -> bool:
+    if not isinstance(value, bool):
+        raise TypeError(f"{who}: expected {name} to be True or False, got {value!r}")
+    return value
 
 
 def best_permutation(x: Tensor, z: Tensor) -> Tensor:
@@ -80,6 +115,11 @@ def best_permutation(x: Tensor, z: Tensor) -> Tensor:
     Returns:
         ``sigma``, a ``LongTensor`` ``(n,)``: ``x[sigma]`` is matched to ``z``.
 
+    Raises:
+        TypeError: for non-tensor or complex points.
+        ValueError: for different shapes, no points, or NaN/infinite points (an index has no
+            NaN to say "undefined", so these are refused rather than matched arbitrarily).
+
     Example:
         >>> import torch
         >>> z = torch.randn(6, 3)
@@ -87,11 +127,15 @@ def best_permutation(x: Tensor, z: Tensor) -> Tensor:
         >>> torch.equal(z[perm][best_permutation(z[perm], z)], z)
         True
     """
-    if x.shape != z.shape or x.dim() != 2:
+    checked = [
+        check_samples(v, "best_permutation", name, layout="(n, d)", ndim=2, nan="refuse", inf="refuse")
+        for v, name in ((x, "x"), (z, "z"))
+    ]
+    if checked[0].shape != checked[1].shape:
         raise ValueError(
             f"best_permutation: expected x and z of the same shape (n, d), got {tuple(x.shape)} and {tuple(z.shape)}"
         )
-    return _assign(x[None], z[None])[0]
+    return _assign(checked[0][None], checked[1][None])[0]
 
 
 def _assign(x: Tensor, z: Tensor) -> Tensor:
@@ -212,6 +256,28 @@ def _selection(n: int, like: Tensor) -> Tensor:
     return select.scatter_(1, perms * n + torch.arange(n, device=like.device), 1.0)
 
 
+MAX_EXACT = 8
+"""The most particles for which :func:`align` and :func:`aligned_distances` enumerate all ``n!`` permutations."""
+
+
+def _pair_inputs(
+    x: object, z: object, n_particles: int, spatial_dim: int, who: str, reflections: object, exact_up_to: object
+) -> tuple[Tensor, Tensor]:
+    """Checked ``(N, n·d)`` configurations ``x`` and ``z`` broadcast to one batch, in one floating dtype."""
+    x = check_configurations(x, who, "x", n_particles, spatial_dim)
+    z = check_configurations(z, who, "z", n_particles, spatial_dim)
+    _check_flag(reflections, who, "reflections")
+    check_count(exact_up_to, who, "exact_up_to", minimum=0, maximum=MAX_EXACT)
+    if z.shape[0] not in (1, x.shape[0]) and x.shape[0] != 1:
+        raise ValueError(
+            f"{who}: expected z with as many rows as x ({x.shape[0]}) or one, "
+            f"got {tuple(z.shape)} for x {tuple(x.shape)}"
+        )
+    dtype = torch.promote_types(x.dtype, z.dtype)
+    x, z = torch.broadcast_tensors(x.to(dtype), z.to(dtype))
+    return x, z
+
+
 def aligned_distances(
     x: Tensor,
     z: Tensor,
@@ -240,8 +306,24 @@ def aligned_distances(
         exact_up_to: enumerate all permutations for at most this many particles.
 
     Returns:
-        ``(P,)`` squared distances.
+        ``(P,)`` squared distances; NaN for a pair with a NaN or infinite coordinate. Integer and
+        bool configurations are promoted to float64; zero rows give ``(0,)``.
+
+    Raises:
+        TypeError: for non-tensor or complex configurations, non-integer sizes or a non-bool ``reflections``.
+        ValueError: for bad sizes, a width other than ``n·d``, batches that do not broadcast, or
+            ``exact_up_to`` outside ``[0, MAX_EXACT]``.
     """
+    x, z = _pair_inputs(x, z, n_particles, spatial_dim, "aligned_distances", reflections, exact_up_to)
+    bad = non_finite_rows(x, z)
+    if bool(bad.any()):
+        out = torch.full((x.shape[0],), torch.nan, dtype=x.dtype, device=x.device)
+        out[~bad] = aligned_distances(
+            x[~bad], z[~bad], n_particles, spatial_dim, reflections=reflections, exact_up_to=exact_up_to
+        )
+        return out
+    if not len(x):
+        return x.new_zeros(0)
     shape = (n_particles, spatial_dim)
     x, z = torch.broadcast_tensors(_centred(x, shape), _centred(z, shape))
     norms = x.square().sum((-2, -1)) + z.square().sum((-2, -1))
@@ -281,9 +363,23 @@ def align(
 
     Returns:
         the aligned, centred configurations ``(N, n·d)``: the same points up to a permutation, an
-        orthogonal map and a translation.
+        orthogonal map and a translation. A row whose pair holds a NaN or infinite coordinate
+        comes out all NaN (the other rows are unchanged); integer and bool configurations are
+        promoted to float64; zero rows give ``(0, n·d)``.
+
+    Raises:
+        TypeError: for non-tensor or complex configurations, non-integer sizes or a non-bool ``reflections``.
+        ValueError: for bad sizes, a width other than ``n·d``, batches that do not broadcast,
+            ``exact_up_to`` outside ``[0, MAX_EXACT]`` or ``refine`` outside ``[0, 100]``.
     """
-    _check_sizes(n_particles, spatial_dim, "align")
+    x, z = _pair_inputs(x, z, n_particles, spatial_dim, "align", reflections, exact_up_to)
+    check_count(refine, "align", "refine", minimum=0, maximum=100)
+    bad = non_finite_rows(x, z)
+    if bool(bad.any()):
+        out = torch.full_like(x, torch.nan)
+        kwargs = {"reflections": reflections, "exact_up_to": exact_up_to, "refine": refine}
+        out[~bad] = align(x[~bad], z[~bad], n_particles, spatial_dim, **kwargs)
+        return out
     shape = (n_particles, spatial_dim)
     x = _centred(x, shape)
     z = _centred(z, shape).expand_as(x)
@@ -360,9 +456,11 @@ class EquivariantOTCoupling:
         _check_sizes(n_particles, spatial_dim, "EquivariantOTCoupling")
         if cost not in ("aligned", "radial"):
             raise ValueError(f"EquivariantOTCoupling: expected cost 'aligned' or 'radial', got {cost!r}")
-        for name, value in (("exact_up_to", exact_up_to), ("refine", refine)):
-            if not isinstance(value, int) or isinstance(value, bool) or value < 0:
-                raise ValueError(f"EquivariantOTCoupling: expected {name} to be an int >= 0, got {value!r}")
+        for name, value, top in (("exact_up_to", exact_up_to, MAX_EXACT), ("refine", refine, 100)):
+            if not isinstance(value, int) or isinstance(value, bool) or not 0 <= value <= top:
+                raise ValueError(f"EquivariantOTCoupling: expected {name} to be an int in [0, {top}], got {value!r}")
+        _check_flag(reflections, "EquivariantOTCoupling", "reflections")
+        _check_flag(ot, "EquivariantOTCoupling", "ot")
         self.n_particles, self.spatial_dim, self.reflections, self.ot = n_particles, spatial_dim, reflections, ot
         if candidates is not None and (
             not isinstance(candidates, int) or isinstance(candidates, bool) or candidates < 1
@@ -417,7 +515,16 @@ class EquivariantOTCoupling:
         )
 
     def __call__(self, x: Tensor, z: Tensor) -> tuple[Tensor, Tensor]:
+        """Pair and align a data batch ``x`` with a noise batch ``z``, both ``(N, n·d)`` and finite.
+
+        Raises:
+            TypeError: for non-tensor or complex batches.
+            ValueError: for a wrong shape, or NaN/infinite values (a coupling has no answer for them).
+        """
         features = self.n_particles * self.spatial_dim
+        shape = self.n_particles, self.spatial_dim
+        z = check_configurations(z, "EquivariantOTCoupling", "z", *shape, nan="refuse")
+        x = check_configurations(x, "EquivariantOTCoupling", "x", *shape, nan="refuse").to(z.dtype)
         if x.dim() != 2 or x.shape != z.shape or x.shape[-1] != features:
             raise ValueError(
                 f"EquivariantOTCoupling: expected x and z of shape (N, {features}), "
@@ -474,6 +581,10 @@ def path_lengths(
     Returns:
         name → mean path length.
 
+    Raises:
+        TypeError: for non-tensor or complex batches, or a non-integer ``batch_size``.
+        ValueError: for zero rows (a mean of no paths), a wrong shape, NaN/infinite values or ``batch_size < 1``.
+
     Example:
         >>> import torch
         >>> x, z = torch.randn(32, 8), torch.randn(32, 8)
@@ -481,10 +592,15 @@ def path_lengths(
         >>> lengths["equivariant OT"] <= lengths["OT"] <= lengths["independent"]
         True
     """
-    if x.shape != z.shape or x.dim() != 2:
+    x = check_configurations(x, "path_lengths", "x", n_particles, spatial_dim, nan="refuse", empty_batch=False)
+    z = check_configurations(z, "path_lengths", "z", n_particles, spatial_dim, nan="refuse", empty_batch=False)
+    if x.shape != z.shape:
         raise ValueError(
             f"path_lengths: expected x and z of the same shape (N, n·d), got {tuple(x.shape)} and {tuple(z.shape)}"
         )
+    check_count(batch_size, "path_lengths", "batch_size")
+    dtype = torch.promote_types(x.dtype, z.dtype)
+    x, z = x.to(dtype), z.to(dtype)
     if couplings is None:
         couplings = {
             "independent": _independent,

@@ -16,8 +16,16 @@ from dataclasses import dataclass
 import torch
 from torch import Tensor
 
+from flows._validation import check_count, check_samples
 from flows.flow import Flow, evaluating
-from flows.metrics.importance import kish_ess, log_importance_weights, log_z_estimate, reweighted_mean
+from flows.metrics.importance import (
+    MAX_SAMPLE_ENTRIES,
+    kish_ess,
+    log_importance_weights,
+    log_z_estimate,
+    reweighted_mean,
+)
+from flows.nn._particles import _check_sizes
 from flows.targets.base import EnergyTarget
 
 __all__ = ["BoltzmannEvaluation", "boltzmann_evaluation", "nll_conventions", "particle_nll"]
@@ -30,20 +38,32 @@ def nll_conventions(nll: float, n_particles: int, spatial_dim: int) -> dict[str,
         >>> {k: round(v, 2) for k, v in nll_conventions(7.21, 4, 2).items()}  # Klein et al.'s DW4
         {'normalised': 7.21, 'bgflow': 1.7}
     """
+    _check_sizes(n_particles, spatial_dim, "nll_conventions")
+    if isinstance(nll, bool) or not isinstance(nll, (int, float, Tensor)):
+        raise TypeError(f"nll_conventions: expected nll to be a number, got {type(nll).__name__}")
     constant = 0.5 * (n_particles - 1) * spatial_dim * math.log(2 * math.pi)
     return {"normalised": float(nll), "bgflow": float(nll) - constant}
 
 
 def _chunks(total: int, size: int, progress: bool, what: str) -> list[tuple[int, int]] | object:
     """``(start, length)`` of each chunk, wrapped in a tqdm bar counting rows when ``progress``."""
-    if size < 1:
-        raise ValueError(f"{what}: expected batch_size >= 1, got {size}")
+    check_count(total, what, "n", minimum=0)
+    check_count(size, what, "batch_size")
+    if not isinstance(progress, bool):
+        raise TypeError(f"{what}: expected progress to be True or False, got {progress!r}")
     chunks = [(k, min(size, total - k)) for k in range(0, total, size)]
     if not progress:
         return chunks
     from tqdm.auto import tqdm  # imported on first use: keeps `import flows` fast
 
     return tqdm(chunks, desc=what, unit="chunk", total=len(chunks), leave=False)
+
+
+def _check_flow(flow: object, dtype: object, who: str) -> None:
+    if not isinstance(flow, Flow):
+        raise TypeError(f"{who}: expected a Flow, got {type(flow).__name__}")
+    if not (isinstance(dtype, torch.dtype) and dtype.is_floating_point):
+        raise TypeError(f"{who}: expected a floating-point dtype, got {dtype!r}")
 
 
 @torch.no_grad()
@@ -64,6 +84,8 @@ def particle_nll(
     Returns:
         ``(N,)`` negative log-likelihoods (normalised convention).
     """
+    _check_flow(flow, dtype, "particle_nll")
+    x = check_samples(x, "particle_nll", "x", layout="(N, n·d)", min_ndim=2, empty_batch=True)
     old = flow._anchor.dtype
     flow.to(dtype)
     try:
@@ -117,6 +139,9 @@ def boltzmann_evaluation(
     with non-finite energy get zero weight. Everything in ``dtype``; ``progress`` shows a bar over
     the ``batch_size`` chunks.
     """
+    _check_flow(flow, dtype, "boltzmann_evaluation")
+    features = math.prod(s or 1 for s in flow.event_shape)
+    check_count(n, "boltzmann_evaluation", "n", maximum=MAX_SAMPLE_ENTRIES // features)
     old = flow._anchor.dtype
     flow.to(dtype)
     target = target.to(dtype)

@@ -17,9 +17,37 @@ from torch import Tensor
 
 from flows._validation import check_event
 from flows.distributions import Distribution
-from flows.nn._particles import _check_sizes, remove_mean
+from flows.nn._particles import _check_sizes
+from flows.nn._particles import remove_mean as _project
+from flows.particles._inputs import check_configurations
 
 __all__ = ["MeanFreeNormal", "remove_mean", "subspace_basis"]
+
+
+MAX_BASIS_ENTRIES = 1 << 27
+"""The largest basis :func:`subspace_basis` builds (``n·d × (n−1)·d`` entries; 1 GiB in float64)."""
+
+
+def remove_mean(x: Tensor, n_particles: int, spatial_dim: int) -> Tensor:
+    r"""Project flat configurations ``(*batch, n·d)`` onto the zero-centre-of-mass subspace, checking them first.
+
+    :math:`P x = x - \mathbf 1 \otimes \bar x` with :math:`\bar x = \frac1n \sum_i x_i`: the
+    orthogonal projection. The input goes through the particle functions' one check (a tensor of
+    width ``n·d``, bool/int promoted to float64, zero rows allowed); a NaN or infinite coordinate
+    makes its configuration's row NaN (every particle shares the centre of mass), the other rows
+    are unchanged. The layers use the unchecked projection of :mod:`flows.nn._particles`.
+
+    Raises:
+        TypeError: for a non-tensor or complex input, or non-integer sizes.
+        ValueError: for bad sizes or a last dimension other than ``n·d``.
+
+    Example:
+        >>> import torch
+        >>> remove_mean(torch.tensor([1.0, 2.0, 3.0, 6.0]), 2, 2).tolist()
+        [-1.0, -2.0, 1.0, 2.0]
+    """
+    x = check_configurations(x, "remove_mean", "x", n_particles, spatial_dim, ndim=None)
+    return _project(x, n_particles, spatial_dim)
 
 
 def subspace_basis(n_particles: int, spatial_dim: int, *, dtype: torch.dtype | None = None) -> Tensor:
@@ -34,6 +62,14 @@ def subspace_basis(n_particles: int, spatial_dim: int, *, dtype: torch.dtype | N
         (torch.Size([6, 4]), True)
     """
     _check_sizes(n_particles, spatial_dim, "subspace_basis")
+    entries = n_particles * spatial_dim * (n_particles - 1) * spatial_dim
+    if entries > MAX_BASIS_ENTRIES:
+        raise ValueError(
+            f"subspace_basis: expected a basis of at most {MAX_BASIS_ENTRIES} entries, got n_particles={n_particles}, "
+            f"spatial_dim={spatial_dim} ({entries} entries)"
+        )
+    if dtype is not None and not (isinstance(dtype, torch.dtype) and dtype.is_floating_point):
+        raise TypeError(f"subspace_basis: expected a floating-point dtype, got {dtype!r}")
     n = n_particles
     helmert = torch.zeros(n, n - 1, dtype=torch.float64)
     for k in range(1, n):  # column k-1: (1, ..., 1, -k, 0, ...) / sqrt(k (k+1)), k ones
@@ -96,12 +132,12 @@ class MeanFreeNormal(Distribution):
 
     def log_prob(self, x: Tensor, context: Tensor | None = None) -> Tensor:
         check_event(x, self.event_shape, type(self).__name__)
-        return -0.5 * remove_mean(x, self.n_particles, self.spatial_dim).square().sum(-1) - self.log_normalizer
+        return -0.5 * _project(x, self.n_particles, self.spatial_dim).square().sum(-1) - self.log_normalizer
 
     def rsample(self, sample_shape: Sequence[int] = (), context: Tensor | None = None) -> Tensor:
         a = self._anchor
         eps = torch.randn(self._sample_shape(sample_shape, context), dtype=a.dtype, device=a.device)
-        return remove_mean(eps, self.n_particles, self.spatial_dim)
+        return _project(eps, self.n_particles, self.spatial_dim)
 
     def extra_repr(self) -> str:
         return f"n_particles={self.n_particles}, spatial_dim={self.spatial_dim}"

@@ -32,6 +32,9 @@ def test_ids_are_unique_and_cover_every_family() -> None:
         "cli",
         "kill",
         "concurrency",
+        "metric",
+        "particles",
+        "distribution",
     }
 
 
