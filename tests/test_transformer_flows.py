@@ -1,0 +1,283 @@
+"""Transformer autoregressive flows (TarFlow): exact oracles in float64 for the network, the block and the builder."""
+
+from __future__ import annotations
+
+import pytest
+import torch
+import torch.nn.functional as F
+
+import flows
+from flows.nn import CausalTransformer
+from flows.testing import perturb_parameters
+
+
+def _block(tokens: int = 5, features: int = 2, context: int = 0, *, perturb: float = 0.1, seed: int = 0, **options):
+    torch.manual_seed(seed)
+    options = {"width": 16, "layers": 2, "heads": 2, **options}
+    t = flows.TransformerAutoregressive(tokens, features, context, **options).double()
+    perturb_parameters(t, perturb, generator=torch.Generator().manual_seed(seed + 1))
+    return t
+
+
+def _context(t, n: int, seed: int = 2):
+    gen = torch.Generator().manual_seed(seed)
+    if t.num_classes:
+        return (torch.arange(n) % (t.num_classes + 1) - 1).double()[:, None]
+    if t.context_features:
+        return torch.randn(n, t.context_features, generator=gen, dtype=torch.float64)
+    return None
+
+
+# -- the network ------------------------------------------------------------------------------------
+
+
+def test_kv_cached_decoding_equals_the_full_causal_pass_and_leaves_the_cache_unchanged() -> None:
+    torch.manual_seed(0)
+    net = CausalTransformer(3, 4, tokens=6, width=16, layers=2, heads=4, zero_init=False).double()
+    x = torch.randn(2, 6, 3, dtype=torch.float64)
+    full = net(x, temperature=0.7)
+    out, cache = [], net.empty_cache(x)
+    for s in (slice(0, 1), slice(1, 4), slice(4, 6)):  # chunks of 1, 3 and 2 tokens
+        y, cache = net.decode(x[:, s], cache, temperature=0.7)
+        out.append(y)
+    torch.testing.assert_close(torch.cat(out, dim=1), full, atol=1e-13, rtol=0)
+    # re-entrant: decoding from the same (immutable) cache twice gives the same answer
+    _, half = net.decode(x[:, :3], net.empty_cache(x))
+    a, _ = net.decode(x[:, 3:4], half)
+    b, _ = net.decode(x[:, 3:4] + 1.0, half)
+    c, _ = net.decode(x[:, 3:4], half)
+    assert torch.equal(a, c) and not torch.equal(a, b)
+    # causal: changing token 4 leaves outputs 0..3 unchanged and changes output 4
+    x2 = x.clone()
+    x2[:, 4] += 1.0
+    changed = (net(x2, temperature=0.7) - full).abs().amax(dim=(0, 2))
+    assert (changed[:4] == 0).all() and changed[4] > 0
+
+
+def test_the_temperature_divides_the_attention_logits() -> None:
+    torch.manual_seed(0)
+    net = CausalTransformer(2, 2, tokens=4, width=8, layers=1, heads=1, zero_init=False).double()
+    x = torch.randn(3, 4, 2, dtype=torch.float64)
+    block = net.blocks[0]
+    h = net.proj_in(x) + net.position
+    q, k, v = block.qkv(block.norm1(h)).chunk(3, dim=-1)
+    logits = q @ k.transpose(-1, -2) / (8**0.5 * 0.5)
+    logits = logits.masked_fill(~torch.ones(4, 4, dtype=torch.bool).tril(), float("-inf"))
+    h = h + block.out(logits.softmax(-1) @ v)
+    expected = net.proj_out(h + block.mlp(block.norm2(h)))
+    torch.testing.assert_close(net(x, temperature=0.5), expected, atol=1e-13, rtol=0)
+
+
+def test_the_null_class_is_the_mean_of_the_class_table_or_a_learned_row() -> None:
+    torch.manual_seed(0)
+    net = CausalTransformer(2, 2, tokens=3, num_classes=4, width=8, heads=1).double()
+    emb = net.condition(torch.tensor([-1, 2]))
+    torch.testing.assert_close(emb[0, 0], net.classes.mean(0))
+    torch.testing.assert_close(emb[1, 0], net.classes[2])
+    learned = CausalTransformer(2, 2, tokens=3, num_classes=4, width=8, heads=1, null_class="learned")
+    assert torch.equal(learned.condition(torch.tensor([-1]))[0, 0], learned.null)
+
+
+@pytest.mark.parametrize(
+    ("options", "message"),
+    [
+        ({"width": 10, "heads": 4}, "expected width divisible by heads, got width=10, heads=4"),
+        ({"num_classes": 2, "context_features": 3}, "expected num_classes or context_features, got both"),
+        ({"null_class": "zero", "num_classes": 2}, r"expected null_class in \['mean', 'learned'\], got 'zero'"),
+        ({"layers": 0}, "expected positive int sizes"),
+    ],
+)
+def test_the_network_refuses_bad_sizes(options: dict, message: str) -> None:
+    with pytest.raises(ValueError, match=message):
+        CausalTransformer(2, 2, tokens=3, **options)
+
+
+def test_the_network_refuses_too_many_positions_and_bad_class_indices() -> None:
+    net = CausalTransformer(2, 2, tokens=3, num_classes=2, width=8)
+    x = torch.randn(1, 4, 2)
+    with pytest.raises(ValueError, match="expected at most 3 positions, got 0 cached \\+ 4 new"):
+        net(x, torch.tensor([0]))
+    with pytest.raises(ValueError, match=r"expected class indices in -1..1 \(-1: null class\), got values in 0..2"):
+        net(x[:, :3].expand(2, 3, 2), torch.tensor([0, 2]))
+    with pytest.raises(ValueError, match="expected class indices as an integer tensor"):
+        net(x[:, :3], torch.tensor([0.0]))
+
+
+# -- the block ----------------------------------------------------------------------------------------
+
+
+ORDERS = {"forward": [0, 1, 2, 3, 4], "reverse": [4, 3, 2, 1, 0], "perm": [2, 4, 0, 3, 1]}
+
+
+@pytest.mark.parametrize("order", list(ORDERS))
+@pytest.mark.parametrize("first_token", ["identity", "transform"])
+def test_the_jacobian_in_the_block_order_is_block_lower_triangular_with_diagonal_blocks(
+    order: str, first_token: str
+) -> None:
+    perm = ORDERS[order]
+    t = _block(5, 3, order=perm if order == "perm" else order, first_token=first_token, scale="softplus")
+    x = torch.randn(5, 3, dtype=torch.float64)
+    jac = torch.autograd.functional.jacobian(t, x).reshape(5, 3, 5, 3)  # [out token, c, in token, c']
+    jac = jac[perm][:, :, perm]  # both sides in the block's order
+    for i in range(5):
+        for j in range(5):
+            block = jac[i, :, j, :]
+            if j > i:
+                assert (block == 0).all(), f"output token {i} depends on later input token {j}"
+            elif j == i:
+                assert (block - torch.diag(torch.diagonal(block)) == 0).all(), "diagonal block not diagonal"
+    first = jac[0, :, 0, :]
+    if first_token == "identity":
+        assert torch.equal(first, torch.eye(3, dtype=torch.float64))
+    else:  # an affine map of token 0 whose scale does not depend on x
+        other = torch.autograd.functional.jacobian(t, x + 1.0).reshape(5, 3, 5, 3)[perm][:, :, perm]
+        torch.testing.assert_close(other[0, :, 0, :], first, atol=1e-14, rtol=0)
+        assert not torch.allclose(first, torch.eye(3, dtype=torch.float64))
+    _, ladj = t.forward_and_log_det(x)
+    torch.testing.assert_close(ladj, torch.linalg.slogdet(jac.reshape(15, 15))[1], atol=1e-12, rtol=0)
+
+
+@pytest.mark.parametrize(
+    "options",
+    [
+        {},
+        {"scale": "softplus", "soft_clip": 3.0, "order": "reverse"},
+        {"scale": "sigmoid", "first_token": "transform", "order": [1, 3, 0, 4, 2]},
+        {"num_classes": 3},
+        {"context": 2, "scale": "softplus"},
+    ],
+    ids=["exp", "softplus", "sigmoid", "classes", "context"],
+)
+def test_every_inverse_agrees_to_1e_12(options: dict) -> None:
+    context = options.pop("context", 0)
+    t = _block(5, 2, context, **options)
+    x = torch.randn(4, 5, 2, dtype=torch.float64)
+    c = _context(t, 4)
+    z, ladj = t.forward_and_log_det(x, c)
+    with torch.no_grad():
+        cached = t.inverse_sequential(z, c)
+        uncached = t.inverse_sequential(z, c, cached=False)
+        jacobi = t.inverse_jacobi(z, c)  # T sweeps: exact
+        teacher = t.inverse_teacher_forced(z, x, c)
+        x_back, ladj_back = t.inverse_and_log_det(z, c)
+    for name, value in {"cached": cached, "uncached": uncached, "jacobi": jacobi, "teacher": teacher}.items():
+        assert (value - x).abs().max() < 1e-12, name
+    assert torch.equal(x_back, cached)
+    torch.testing.assert_close(ladj_back, -ladj, atol=1e-12, rtol=0)
+    for decoding in ("uncached", "jacobi"):
+        other = _block(5, 2, context, decoding=decoding, seed=5, **options)
+        other.load_state_dict(t.state_dict())
+        with torch.no_grad():
+            y, ladj_other = other.inverse_and_log_det(z, c)
+        assert (y - x).abs().max() < 1e-12, decoding
+        torch.testing.assert_close(ladj_other, -ladj, atol=1e-12, rtol=0)
+
+
+def test_jacobi_is_exact_after_t_sweeps_but_not_before() -> None:
+    t = _block(6, 2, perturb=0.2)
+    x = torch.randn(3, 6, 2, dtype=torch.float64)
+    z = t(x)
+    with torch.no_grad():
+        errors = [(t.inverse_jacobi(z, iterations=k) - x).abs().amax(dim=(0, 2)) for k in range(1, 7)]
+    for k, error in enumerate(errors, start=1):
+        assert (error[:k] < 1e-12).all(), f"tokens < {k} not exact after {k} sweeps"
+    assert errors[1][3:].max() > 1e-6  # two sweeps do not solve tokens 3..5: the test can fail
+    # tolerance: stopping early when converged gives the exact answer too
+    with torch.no_grad():
+        assert (t.inverse_jacobi(z, iterations=50, tol=1e-14) - x).abs().max() < 1e-12
+
+
+def test_the_teacher_forced_inverse_is_differentiable_and_routes_gradients_through_z() -> None:
+    t = _block(4, 2)
+    x = torch.randn(3, 4, 2, dtype=torch.float64)
+    z = t(x).detach().requires_grad_(True)
+    x_rec = t.inverse_teacher_forced(z, x)
+    x_rec.square().sum().backward()
+    assert z.grad is not None and z.grad.abs().sum() > 0
+    assert all(p.grad is not None for p in t.net.blocks.parameters())
+    with pytest.raises(ValueError, match=r"expected x of the shape of z \(3, 4, 2\), got \(3, 4, 1\)"):
+        t.inverse_teacher_forced(z, x[..., :1])
+
+
+def test_a_one_token_block_is_an_affine_map_that_does_not_depend_on_the_input() -> None:
+    t = _block(1, 3, first_token="transform")
+    x = torch.randn(4, 1, 3, dtype=torch.float64)
+    z, ladj = t.forward_and_log_det(x)
+    z2, ladj2 = t.forward_and_log_det(2 * x)
+    torch.testing.assert_close(z2 - z, (z - t(torch.zeros_like(x))), atol=1e-13, rtol=0)
+    torch.testing.assert_close(ladj2, ladj)
+    identity = _block(1, 3)
+    assert torch.equal(identity(x), x)
+
+
+def test_the_scales_are_bounded_as_documented() -> None:
+    t = _block(4, 2, scale="sigmoid", perturb=2.0)
+    x = 3 * torch.randn(200, 4, 2, dtype=torch.float64)
+    _, ladj = t.forward_and_log_det(x)
+    assert (ladj >= -4 * 2 * torch.log(torch.tensor(2.0))).all()  # s < 2 per coordinate
+    clipped = _block(4, 2, scale="exp", soft_clip=1.5, perturb=2.0)
+    _, ladj = clipped.forward_and_log_det(x)
+    assert (ladj.abs() <= 3 * 2 * 1.5 + 1e-12).all()  # |log s| < 1.5 on the 3 transformed tokens
+
+
+def test_class_conditioning_changes_the_density_and_checks_the_indices() -> None:
+    t = _block(4, 2, num_classes=3, perturb=0.3)
+    x = torch.randn(2, 4, 2, dtype=torch.float64)
+    _, a = t.forward_and_log_det(x, torch.tensor([[0.0], [0.0]], dtype=torch.float64))
+    _, b = t.forward_and_log_det(x, torch.tensor([[1.0], [2.0]], dtype=torch.float64))
+    assert (a != b).all()
+    for bad, shown in ((3.0, "3.0"), (-2.0, "-2.0"), (0.5, "0.5")):
+        with pytest.raises(ValueError, match=rf"expected class indices .*0..2, or -1 for the null class.*got {shown}"):
+            t(x, torch.tensor([[0.0], [bad]], dtype=torch.float64))
+    nan = torch.tensor([[0.0], [float("nan")]], dtype=torch.float64)
+    with pytest.raises(ValueError, match="context"):
+        t(x, nan)
+    with pytest.raises(ValueError, match="context"):
+        t.inverse_sequential(x, nan)
+
+
+def test_a_continuous_context_refuses_nan_and_a_missing_context() -> None:
+    t = _block(4, 2, 3)
+    x = torch.randn(2, 4, 2, dtype=torch.float64)
+    with pytest.raises(ValueError, match=r"finite|NaN"):
+        t(x, torch.tensor([[0.0, float("nan"), 1.0]] * 2, dtype=torch.float64))
+    with pytest.raises(ValueError, match=r"expected a context of shape \(\*batch, 3\), got None"):
+        t.inverse_jacobi(x)
+
+
+@pytest.mark.parametrize(
+    ("options", "message"),
+    [
+        ({"scale": "tanh"}, r"expected scale in \['exp', 'softplus', 'sigmoid'\], got 'tanh'"),
+        ({"order": "random"}, "expected order 'forward', 'reverse' or a permutation, got 'random'"),
+        ({"order": [0, 1, 1, 2]}, r"expected order to be a permutation of 0..3, got \[0, 1, 1, 2\]"),
+        ({"first_token": "sos"}, r"expected first_token in \['identity', 'transform'\]"),
+        ({"decoding": "fast"}, r"expected decoding in \['cached', 'uncached', 'jacobi'\]"),
+        ({"soft_clip": 0.0}, "expected soft_clip to be None or a finite number > 0, got 0.0"),
+    ],
+)
+def test_the_block_refuses_bad_options(options: dict, message: str) -> None:
+    with pytest.raises(ValueError, match=f"^TransformerAutoregressive: {message}"):
+        flows.TransformerAutoregressive(4, 2, width=8, **options)
+
+
+def test_the_block_refuses_an_event_of_another_token_count() -> None:
+    t = _block(4, 2)
+    message = r"TransformerAutoregressive: expected input of shape \(\*batch, 4, 2\), got \(3, 5, 2\)"
+    with pytest.raises(ValueError, match=message):
+        t(torch.randn(3, 5, 2, dtype=torch.float64))
+
+
+# -- patches ------------------------------------------------------------------------------------------
+
+
+def test_patchify_is_unfold_and_refuses_a_patch_that_does_not_divide() -> None:
+    x = torch.randn(3, 2, 6, 4, dtype=torch.float64)
+    t = flows.Patchify((2, 6, 4), 2)
+    expected = F.unfold(x, 2, stride=2).transpose(1, 2)
+    assert torch.equal(t(x), expected)
+    assert t.event_shape_out == (6, 8)
+    with pytest.raises(ValueError, match="expected a patch that divides H and W, got patch 4 for 6x4 images"):
+        flows.Patchify((2, 6, 4), 4)
+    with pytest.raises(ValueError, match=r"expected a concrete image shape \(C, H, W\)"):
+        flows.Patchify((6, 4), 2)
