@@ -281,3 +281,111 @@ def test_patchify_is_unfold_and_refuses_a_patch_that_does_not_divide() -> None:
         flows.Patchify((2, 6, 4), 4)
     with pytest.raises(ValueError, match=r"expected a concrete image shape \(C, H, W\)"):
         flows.Patchify((6, 4), 2)
+
+
+# -- the builder --------------------------------------------------------------------------------------
+
+
+def _tarflow(features=(1, 4, 4), **options) -> flows.TarFlow:
+    torch.manual_seed(0)
+    flow = flows.TarFlow(features, **{"transforms": 2, "hidden": (16,), "patch": 2, **options}).double()
+    perturb_parameters(flow, 0.1, generator=torch.Generator().manual_seed(1))
+    return flow
+
+
+def test_tarflow_alternates_orders_and_keeps_the_data_shape_for_images_and_vectors() -> None:
+    image = _tarflow(transforms=3)
+    assert [b.perm.tolist()[0] for b in image.blocks] == [0, 3, 0]  # raster, reverse, raster
+    assert image.tokens == 4 and image.blocks[0].features == 4
+    x = torch.randn(3, 1, 4, 4, dtype=torch.float64)
+    z, ladj = image.transform.forward_and_log_det(x)
+    assert z.shape == x.shape
+    torch.testing.assert_close(image.transform.inverse(z), x, atol=1e-12, rtol=0)
+    jac = torch.autograd.functional.jacobian(image.transform, x[0]).reshape(16, 16)
+    torch.testing.assert_close(ladj[0], torch.linalg.slogdet(jac)[1], atol=1e-12, rtol=0)
+    flat = _tarflow(16, transforms=3)  # a vector that is a flattened 4x4 image, patches of 2x2
+    flat.load_state_dict(image.state_dict())
+    torch.testing.assert_close(flat.log_prob(x.reshape(3, 16)), image.log_prob(x), atol=1e-12, rtol=0)
+    groups = _tarflow(6, patch=None, token_features=2, transforms=3)
+    assert groups.tokens == 3
+    v = torch.randn(5, 6, dtype=torch.float64)
+    torch.testing.assert_close(groups.transform.inverse(groups.transform(v)), v, atol=1e-12, rtol=0)
+
+
+def test_tarflow_sampling_is_the_inverse_of_log_prob_and_class_conditional() -> None:
+    flow = _tarflow(num_classes=3)
+    y = flow.class_context([0, 1, 2, -1])
+    assert y.shape == (4, 1) and y.dtype == torch.float64
+    x, log_p = flow.sample_and_log_prob(context=y)
+    torch.testing.assert_close(log_p, flow.log_prob(x, context=y), atol=1e-10, rtol=0)
+    other = flow.log_prob(x, context=flow.class_context([1, 2, 0, 0]))
+    assert (other != log_p).all()
+
+
+@pytest.mark.parametrize(
+    ("build", "message"),
+    [
+        (lambda: flows.TarFlow(10, token_features=3), "expected token_features to divide features, got 3 for 10"),
+        (lambda: flows.TarFlow((1, 6, 6), patch=4), "expected a patch that divides H and W, got patch 4 for 6x6"),
+        (lambda: flows.TarFlow(10, patch=2), "expected a square number of features with patch=2"),
+        (lambda: flows.TarFlow((4, 4)), r"expected features to be an int or an image shape \(C, H, W\)"),
+        (lambda: flows.TarFlow(4, hidden=(16, 32)), r"expected hidden to be equal widths.*got \(16, 32\)"),
+        (lambda: flows.TarFlow(4, hidden=64), "expected hidden to be a sequence of layer widths"),
+        (lambda: flows.TarFlow(4, transforms=0), "expected transforms to be an int >= 1, got 0"),
+        (lambda: flows.TarFlow(4, 2, num_classes=3), r"expected num_classes or context, got both \(3 and 2\)"),
+        (lambda: flows.TarFlow(4, context=-1), "expected context to be an int >= 0, got -1"),
+        (lambda: flows.TarFlow(4, scale="relu"), "expected scale in"),
+    ],
+)
+def test_tarflow_refuses_bad_arguments(build, message: str) -> None:
+    with pytest.raises((ValueError, TypeError), match=message):
+        build()
+
+
+def test_tarflow_refuses_bad_class_labels_and_nan_contexts() -> None:
+    flow = _tarflow(num_classes=3)
+    x = torch.randn(2, 1, 4, 4, dtype=torch.float64)
+    with pytest.raises(ValueError, match=r"expected class labels in -1..2, got values in 0..3"):
+        flow.class_context([0, 3])
+    with pytest.raises(ValueError, match="expected class indices"):
+        flow.log_prob(x, context=torch.tensor([[0.0], [7.0]], dtype=torch.float64))
+    with pytest.raises(ValueError, match=r"NaN|finite"):
+        flow.log_prob(x, context=torch.tensor([[0.0], [float("nan")]], dtype=torch.float64))
+    with pytest.raises(ValueError, match="expected a class-conditional flow"):
+        _tarflow().class_context([0])
+
+
+def test_save_and_load_model_round_trip_tarflow(tmp_path) -> None:
+    flow = _tarflow(num_classes=3, scale="softplus", soft_clip=3.0, first_token="transform").float()
+    x = torch.randn(4, 1, 4, 4)
+    y = flow.class_context([0, 1, 2, -1])
+    flows.save_model(flow, tmp_path / "tarflow")
+    loaded = flows.load_model(tmp_path / "tarflow")
+    assert type(loaded) is flows.TarFlow and loaded.num_classes == 3
+    flow.eval()
+    assert torch.equal(loaded.log_prob(x, context=y), flow.log_prob(x, context=y))
+
+
+def test_standardize_keeps_the_class_and_the_change_of_variables() -> None:
+    raw = 3 * torch.randn(50, 4, dtype=torch.float64) + 7
+    flow = _tarflow(4, patch=None, standardize=raw)
+    plain = _tarflow(4, patch=None)
+    plain.transform.load_state_dict(flow.core.state_dict())
+    layer = flow.transform[0]
+    assert isinstance(flow, flows.TarFlow) and isinstance(layer, flows.Standardize)
+    torch.testing.assert_close(layer.loc, raw.mean(0))
+    expected = plain.log_prob((raw - layer.loc) / layer.scale) - layer.scale.log().sum()
+    torch.testing.assert_close(flow.log_prob(raw), expected, atol=1e-10, rtol=0)
+
+
+def test_flows_models_lists_tarflow_and_flows_fit_trains_it_on_digits(tmp_path, capsys) -> None:
+    from flows.cli import main
+    from flows.train.config import available_models
+
+    assert "TarFlow" in available_models()
+    out = tmp_path / "run"
+    options = ["--transforms", "2", "--hidden", "16", "--threads", "1", "--option", "patch=4", "--no-plots"]
+    assert main(["fit", "--data", "digits", "--model", "TarFlow", "--epochs", "1", "--out", str(out), *options]) == 0
+    assert "test bits/dim:" in capsys.readouterr().out
+    model = flows.load_model(out)
+    assert type(model) is flows.TarFlow and model.tokens == 4
