@@ -389,3 +389,68 @@ def test_flows_models_lists_tarflow_and_flows_fit_trains_it_on_digits(tmp_path, 
     assert "test bits/dim:" in capsys.readouterr().out
     model = flows.load_model(out)
     assert type(model) is flows.TarFlow and model.tokens == 4
+
+
+# -- guidance -----------------------------------------------------------------------------------------
+
+
+def test_guidance_with_weight_zero_is_the_conditional_decode_and_otherwise_moves_the_samples() -> None:
+    t = _block(5, 2, num_classes=3, first_token="transform", perturb=0.2, scale="softplus", soft_clip=2.0)
+    z = torch.randn(6, 5, 2, dtype=torch.float64)
+    y = _context(t, 6)
+    with torch.no_grad():
+        plain = t.inverse_sequential(z, y)
+        for cached in (True, False):
+            same = t.inverse_guided(z, y, weight=0.0, temperature=0.7, cached=cached)
+            assert (same - plain).abs().max() < 1e-13 if not cached else torch.equal(same, plain)
+        guided = t.inverse_guided(z, y, weight=2.0, temperature=0.7)
+        assert (guided - plain).abs().max() > 1e-3
+        uncached = t.inverse_guided(z, y, weight=2.0, temperature=0.7, cached=False)
+        assert (uncached - guided).abs().max() < 1e-10 * guided.abs().max()
+        ramp = t.inverse_guided(z, y, weight=2.0, schedule="linear")
+    assert torch.equal(ramp[:, 0], plain[:, 0])  # the ramp starts at 0 on the block's first token
+    assert (ramp[:, 1:] - plain[:, 1:]).abs().max() > 1e-3
+    null = torch.full_like(y, -1.0)  # the null class guided toward itself: no guidance at temperature 1
+    with torch.no_grad():
+        assert torch.equal(t.inverse_guided(z, null, weight=3.0), t.inverse_sequential(z, null))
+
+
+def test_guidance_of_an_unconditional_block_is_the_temperature_contrast() -> None:
+    t = _block(4, 2, perturb=0.2)
+    z = torch.randn(3, 4, 2, dtype=torch.float64)
+    with torch.no_grad():
+        assert torch.equal(t.inverse_guided(z, weight=2.0), t.inverse_sequential(z))  # identical branches
+        assert (t.inverse_guided(z, weight=2.0, temperature=0.5) - t.inverse_sequential(z)).abs().max() > 1e-4
+
+
+def test_guidance_refuses_a_continuous_context_and_bad_settings() -> None:
+    with pytest.raises(ValueError, match="expected a class-conditional or unconditional block for guidance"):
+        _block(4, 2, 3).inverse_guided(torch.randn(1, 4, 2, dtype=torch.float64), torch.zeros(1, 3).double(), weight=1)
+    t = _block(4, 2, num_classes=2)
+    z, y = torch.randn(1, 4, 2, dtype=torch.float64), torch.zeros(1, 1, dtype=torch.float64)
+    with pytest.raises(ValueError, match=r"expected schedule in \['constant', 'linear'\], got 'cosine'"):
+        t.inverse_guided(z, y, weight=1.0, schedule="cosine")
+    with pytest.raises(ValueError, match="expected a finite weight and a temperature > 0"):
+        t.inverse_guided(z, y, weight=1.0, temperature=0.0)
+    with pytest.raises(ValueError, match=r"expected a context of shape \(\*batch, 1\), got None"):
+        t.inverse_guided(z, weight=1.0)  # guidance without labels
+
+
+def test_tarflow_guided_sampling_and_label_dropout() -> None:
+    flow = _tarflow(num_classes=3)
+    y = flow.class_context([0, 1, 2])
+    torch.manual_seed(5)
+    plain = flow.sample((2,), y)
+    torch.manual_seed(5)
+    assert torch.equal(flow.sample((2,), y, guidance=0.0), plain)
+    torch.manual_seed(5)
+    assert not torch.allclose(flow.sample((2,), y, guidance=3.0, temperature=0.5), plain)
+    dropped = _tarflow(num_classes=3, label_dropout=1.0)
+    x = torch.randn(3, 1, 4, 4, dtype=torch.float64)
+    null = dropped.log_prob(x, context=dropped.class_context([-1, -1, -1]))
+    dropped.train()
+    torch.testing.assert_close(dropped.log_prob(x, context=y), null)  # every label dropped in training
+    dropped.eval()
+    assert (dropped.log_prob(x, context=y) != null).all()  # and none in evaluation
+    with pytest.raises(ValueError, match=r"expected label_dropout in \[0, 1\] with num_classes > 0"):
+        flows.TarFlow(4, label_dropout=0.1)

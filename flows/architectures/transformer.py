@@ -14,7 +14,8 @@ from collections.abc import Sequence
 import torch
 from torch import Tensor
 
-from flows.architectures._arguments import check_builder, check_context, check_count, check_hidden
+from flows._validation import as_sample_shape
+from flows.architectures._arguments import check_builder, check_context, check_count, check_hidden, check_nonnegative
 from flows.bijections.base import Bijection, Chain, Inverse
 from flows.bijections.multiscale import Flatten
 from flows.bijections.patchify import Patchify
@@ -90,6 +91,8 @@ class TarFlow(Flow):
         soft_clip: soft clip bound of the raw log-scale (``None`` for none).
         first_token: ``"identity"`` (TarFlow) or ``"transform"`` (STARFlow's SOS token).
         decoding: how sampling inverts a block: ``"cached"``, ``"uncached"`` or ``"jacobi"``.
+        label_dropout: in train mode, :meth:`log_prob` replaces each class label by the null class
+            with this probability (TarFlow trains guidance so, with 0.1), once for all blocks.
         standardize: data or a fitted :class:`~flows.bijections.Standardize` layer (see :class:`~flows.flow.Flow`).
 
     Raises:
@@ -121,9 +124,13 @@ class TarFlow(Flow):
         soft_clip: float | None = None,
         first_token: str = "identity",
         decoding: str = "cached",
+        label_dropout: float = 0.0,
         standardize: Tensor | Standardize | None = None,
     ) -> None:
         who = type(self).__name__
+        label_dropout = check_nonnegative(who, "label_dropout", label_dropout)
+        if label_dropout > 1 or (label_dropout and not num_classes):
+            raise ValueError(f"{who}: expected label_dropout in [0, 1] with num_classes > 0, got {label_dropout}")
         tokenizer = _tokenizer(who, features, patch, token_features)
         context = check_context(who, context)
         transforms = check_count(who, "transforms", transforms)
@@ -162,7 +169,7 @@ class TarFlow(Flow):
             context=1 if num_classes else context,
             standardize=standardize,
         )
-        self.tokens, self.num_classes = tokens, num_classes
+        self.tokens, self.num_classes, self.label_dropout = tokens, num_classes, label_dropout
 
     @property
     def blocks(self) -> list[TransformerAutoregressive]:
@@ -186,3 +193,49 @@ class TarFlow(Flow):
                 f"{int(labels.min())}..{int(labels.max())}"
             )
         return labels.to(self._anchor)[:, None]
+
+    def log_prob(self, x: Tensor, context: Tensor | None = None) -> Tensor:
+        """Log-density of ``x``; in train mode with ``label_dropout``, labels are first dropped to the null class."""
+        if self.training and self.label_dropout and context is not None:
+            self._check_context(context, x)
+            drop = torch.rand(context.shape, device=context.device) < self.label_dropout
+            context = torch.where(drop, torch.full_like(context, -1.0), context)
+        return super().log_prob(x, context)
+
+    @torch.no_grad()
+    def sample(
+        self,
+        sample_shape: Sequence[int] | int = (),
+        context: Tensor | None = None,
+        *,
+        guidance: float | None = None,
+        schedule: str = "constant",
+        temperature: float = 1.0,
+    ) -> Tensor:
+        r"""Samples ``(*sample_shape, *context_batch, *event_shape)``, with classifier-free guidance when asked.
+
+        ``guidance = w`` decodes every block with
+        :meth:`~flows.bijections.TransformerAutoregressive.inverse_guided` (``schedule``:
+        ``"constant"`` or ``"linear"`` over each block's token order; ``temperature``: the
+        unconditional pass's attention temperature); ``None`` is plain sampling. ``w = 0`` gives
+        the same samples as plain sampling from the same noise.
+        """
+        if guidance is None:
+            return super().sample(sample_shape, context)
+        self._check_context(context)
+        shape = as_sample_shape(sample_shape)
+        x = self.base.sample(shape, context)
+        c = self._latent_context(shape, context)
+        for layer in reversed(_members(self.transform)):
+            if isinstance(layer, TransformerAutoregressive):
+                x = layer.inverse_guided(x, c, weight=guidance, schedule=schedule, temperature=temperature)
+            else:
+                x = layer.inverse(x, c)
+        return x
+
+
+def _members(transform: Bijection) -> list[Bijection]:
+    """The layers of nested chains, data side first."""
+    if isinstance(transform, Chain):
+        return [m for member in transform for m in _members(member)]
+    return [transform]

@@ -245,9 +245,17 @@ class TransformerAutoregressive(Bijection):
         return self._unflat(x, log_s.sum(dim=(-2, -1)), batch)
 
     # -- decoding algorithms --------------------------------------------------------------------------
-    def _sequential(self, zs: Tensor, c: Tensor | None, *, cached: bool) -> tuple[Tensor, Tensor]:
-        """Token by token: ``T`` network passes, one new token each (cached) or the whole prefix (uncached)."""
-        cache = self.net.empty_cache(zs)
+    def _sequential(
+        self, zs: Tensor, c: Tensor | None, *, cached: bool, guidance: tuple[float, str, float] | None = None
+    ) -> tuple[Tensor, Tensor]:
+        """Token by token: ``T`` network passes, one new token each (cached) or the whole prefix (uncached).
+
+        ``guidance = (w, schedule, temperature)`` adds a second, unconditional pass (null class,
+        attention ``temperature``) with its own cache and moves the raw outputs
+        ``o ← o + g_t (o − o_uncond)``, ``g_t = w`` or ``w · t / (T − 1)`` (``"linear"``).
+        """
+        uncond = None if guidance is None or c is None else torch.full_like(c, -1)
+        cache, cache_u = self.net.empty_cache(zs), self.net.empty_cache(zs)
         inputs = [torch.zeros_like(zs[:, :1])]
         xs, log_ss = [], []
         for t in range(self.tokens):
@@ -255,6 +263,14 @@ class TransformerAutoregressive(Bijection):
                 out, cache = self.net.decode(inputs[-1], cache, c)
             else:
                 out = self.net(torch.cat(inputs, dim=1), c)[:, -1:]
+            if guidance is not None:
+                weight, schedule, temperature = guidance
+                if cached:
+                    out_u, cache_u = self.net.decode(inputs[-1], cache_u, uncond, temperature=temperature)
+                else:
+                    out_u = self.net(torch.cat(inputs, dim=1), uncond, temperature=temperature)[:, -1:]
+                g = weight if schedule == "constant" else weight * t / max(self.tokens - 1, 1)
+                out = out + g * (out - out_u)
             log_s, b = self._scale_shift(out, slice(t, t + 1))
             x_t = zs[:, t : t + 1] * torch.exp(log_s) + b
             xs.append(x_t)
@@ -294,6 +310,46 @@ class TransformerAutoregressive(Bijection):
         zs, batch = self._flat(z)
         c = self._net_context(context, batch)
         x, log_s = self._jacobi(zs, c, self.tokens if iterations is None else iterations, tol)
+        return self._unflat(x, log_s.sum(dim=(-2, -1)), batch)[0]
+
+    def inverse_guided(
+        self,
+        z: Tensor,
+        context: Tensor | None = None,
+        *,
+        weight: float,
+        schedule: str = "constant",
+        temperature: float = 1.0,
+        cached: bool = True,
+    ) -> Tensor:
+        r"""Sequential decoding with classifier-free guidance, as TarFlow samples.
+
+        At every token the raw network output :math:`o` (log-scale and shift) of the conditional
+        pass is moved away from that of an unconditional pass: :math:`o + g_t (o - o_u)`, with
+        :math:`g_t = w` (``"constant"``) or :math:`w\, t / (T - 1)` (``"linear"``, the ramp over the
+        block's token order). The unconditional pass uses the null class (``-1``) and divides the
+        attention logits by ``temperature``; for a block without classes it differs from the
+        conditional one by the temperature only (TarFlow's unconditional guidance). ``weight = 0``
+        is the plain conditional decode. Guided samples are not the inverse of :meth:`forward`.
+
+        Raises:
+            ValueError: for a block with a continuous context (no unconditional model), a bad
+                schedule, or a non-finite weight or non-positive temperature.
+        """
+        who = type(self).__name__
+        self.check_call(z, context, inverse=True)
+        if self.context_features and not self.num_classes:
+            raise ValueError(
+                f"{who}: expected a class-conditional or unconditional block for guidance, got a "
+                "continuous context (it has no unconditional model)"
+            )
+        if schedule not in ("constant", "linear"):
+            raise ValueError(f"{who}: expected schedule in ['constant', 'linear'], got {schedule!r}")
+        if not math.isfinite(weight) or not (math.isfinite(temperature) and temperature > 0):
+            raise ValueError(f"{who}: expected a finite weight and a temperature > 0, got {weight!r}, {temperature!r}")
+        zs, batch = self._flat(z)
+        c = self._net_context(context, batch)
+        x, log_s = self._sequential(zs, c, cached=cached, guidance=(float(weight), schedule, float(temperature)))
         return self._unflat(x, log_s.sum(dim=(-2, -1)), batch)[0]
 
     def inverse_teacher_forced(self, z: Tensor, x: Tensor, context: Tensor | None = None) -> Tensor:
