@@ -454,3 +454,66 @@ def test_tarflow_guided_sampling_and_label_dropout() -> None:
     assert (dropped.log_prob(x, context=y) != null).all()  # and none in evaluation
     with pytest.raises(ValueError, match=r"expected label_dropout in \[0, 1\] with num_classes > 0"):
         flows.TarFlow(4, label_dropout=0.1)
+
+
+# -- denoising and classifying with any flow ------------------------------------------------------------
+
+
+def test_tweedie_on_a_gaussian_data_and_noise_model_is_the_posterior_mean() -> None:
+    mu, s, sigma = torch.tensor([1.0, -2.0, 0.5], dtype=torch.float64), 0.7, 0.4
+    total = (s**2 + sigma**2) ** 0.5  # y = x + σε with x ~ N(μ, s²): y ~ N(μ, s² + σ²)
+    flow = flows.Flow(flows.Affine(3, shift=0.0, log_scale=0.0), flows.StandardNormal(3)).double()
+    with torch.no_grad():  # z = (y - μ) / total
+        flow.transform.params[..., 0] = -mu / total
+        flow.transform.params[..., 1] = -torch.log(torch.tensor(total, dtype=torch.float64))
+    y = torch.randn(6, 3, dtype=torch.float64) * 2
+    expected = mu + s**2 / (s**2 + sigma**2) * (y - mu)
+    torch.testing.assert_close(flows.tweedie_denoise(flow, y, sigma), expected, atol=1e-12, rtol=0)
+    # the reference code's form: one step on the per-dimension mean loss, scaled back by B·D·σ²
+    y_ = y.clone().requires_grad_(True)
+    loss = -flow.log_prob(y_).mean() / 3
+    (grad,) = torch.autograd.grad(loss, y_)
+    torch.testing.assert_close(y - 6 * 3 * sigma**2 * grad, expected, atol=1e-12, rtol=0)
+    with pytest.raises(ValueError, match="expected sigma to be a finite number >= 0, got -1"):
+        flows.tweedie_denoise(flow, y, -1)
+
+
+class _ClassGaussians(flows.Bijection):
+    """z = (x - μ_k) / s_k for the one-hot class k in the context: N(μ_k, s_k² I) class densities."""
+
+    def __init__(self, means: torch.Tensor, scales: torch.Tensor) -> None:
+        super().__init__(means.shape[1])
+        self.context_features = means.shape[0]
+        self.register_buffer("means", means)
+        self.register_buffer("scales", scales)
+        self.anchor = torch.nn.Parameter(torch.zeros((), dtype=means.dtype))
+
+    def forward_and_log_det(self, x, context=None):
+        mean, scale = context @ self.means, (context @ self.scales)[..., None]
+        return (x - mean) / scale, -x.shape[-1] * scale[..., 0].log()
+
+
+def test_the_bayes_classifier_is_the_analytic_posterior_of_a_gaussian_mixture() -> None:
+    means = torch.tensor([[0.0, 0.0], [2.0, 1.0], [-1.0, 2.0]], dtype=torch.float64)
+    scales = torch.tensor([1.0, 0.5, 1.5], dtype=torch.float64)
+    flow = flows.Flow(_ClassGaussians(means, scales), flows.StandardNormal(2), context=3).double()
+    x = torch.randn(7, 2, dtype=torch.float64) * 2
+    prior = torch.tensor([0.5, 0.3, 0.2], dtype=torch.float64)
+    comp = torch.distributions.Normal(means[:, None], scales[:, None, None]).log_prob(x).sum(-1).T  # (7, 3)
+    analytic = (comp + prior.log()).log_softmax(-1)
+    got = flows.classify.bayes_classifier(flow, x, 3, prior.log())
+    torch.testing.assert_close(got, analytic, atol=1e-12, rtol=0)
+    uniform = flows.classify.bayes_classifier(flow, x, 3)
+    torch.testing.assert_close(uniform, comp.log_softmax(-1), atol=1e-12, rtol=0)
+    with pytest.raises(ValueError, match=r"expected a finite log_prior of shape \(3,\), got \(2,\)"):
+        flows.classify.bayes_classifier(flow, x, 3, prior[:2])
+    with pytest.raises(ValueError, match=r"expected a flow with context_features 1 .* or 4"):
+        flows.classify.bayes_classifier(flow, x, 4)
+
+
+def test_the_bayes_classifier_of_a_tarflow_passes_class_indices() -> None:
+    flow = _tarflow(num_classes=3)
+    x = torch.randn(4, 1, 4, 4, dtype=torch.float64)
+    got = flows.classify.bayes_classifier(flow, x, 3)
+    manual = torch.stack([flow.log_prob(x, context=flow.class_context([k] * 4)) for k in range(3)], -1)
+    torch.testing.assert_close(got, manual.log_softmax(-1), atol=1e-12, rtol=0)
