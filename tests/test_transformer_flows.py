@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import math
+
 import pytest
 import torch
 import torch.nn.functional as F
@@ -517,3 +519,23 @@ def test_the_bayes_classifier_of_a_tarflow_passes_class_indices() -> None:
     got = flows.classify.bayes_classifier(flow, x, 3)
     manual = torch.stack([flow.log_prob(x, context=flow.class_context([k] * 4)) for k in range(3)], -1)
     torch.testing.assert_close(got, manual.log_softmax(-1), atol=1e-12, rtol=0)
+
+
+def test_the_benchmark_runs_end_to_end_at_a_tiny_budget(tmp_path, capsys) -> None:
+    import runpy
+    from pathlib import Path
+
+    script = Path(__file__).resolve().parents[1] / "benchmarks" / "transformer_flows.py"
+    threads = torch.get_num_threads()
+    try:
+        main = runpy.run_path(str(script), run_name="benchmark")["main"]
+        argv = ["--data", "digits", "--seconds", "0.5", "--patch", "4", "--blocks", "2", "--layers", "1"]
+        argv += ["--width", "16", "--eval-images", "50", "--classify-images", "20", "--out", str(tmp_path)]
+        result = main(argv)
+    finally:
+        torch.set_num_threads(threads)
+    assert result["steps"] >= 1 and result["eval_images"] == 50 and result["classify_images"] == 20
+    assert math.isfinite(result["bits_per_dim"]) and 0 <= result["bayes_accuracy"] <= 1
+    assert 0 <= result["finite_samples"] <= 100
+    assert (tmp_path / "tarflow_digits_samples.png").stat().st_size > 1000
+    assert "bits_per_dim" in capsys.readouterr().out
