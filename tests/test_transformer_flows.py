@@ -562,3 +562,25 @@ def test_a_small_tarflow_learns_the_correlations_of_a_gaussian_table() -> None:
     diagonal = 0.5 * (4 * math.log(2 * math.pi * math.e) + torch.log(torch.diagonal(cov)).sum().item())
     exact = 0.5 * (4 * math.log(2 * math.pi * math.e) + torch.logdet(cov).item())
     assert nll < diagonal - 0.5 * (diagonal - exact), (nll, diagonal, exact)  # half the gap closed at least
+
+
+def test_the_product_rule_decodes_from_the_normalised_product_of_the_two_gaussians() -> None:
+    t = _block(5, 2, num_classes=3, first_token="transform", scale="softplus", soft_clip=2.0, perturb=0.3)
+    z = torch.randn(6, 5, 2, dtype=torch.float64)
+    y = _context(t, 6)
+    w, tau = 1.5, 0.8
+    with torch.no_grad():
+        x = t.inverse_guided(z, y, weight=w, temperature=tau, rule="product")
+        assert torch.equal(t.inverse_guided(z, y, weight=0.0, rule="product"), t.inverse_sequential(z, y))
+        # each token's conditional and unconditional Gaussians given the decoded prefix (teacher forced)
+        shifted = t._shifted(x)
+        mean_c, sd_c = t._scale_shift(t.net(shifted, y[:, 0].long()), slice(None))[::-1]
+        mean_u, sd_u = t._scale_shift(t.net(shifted, torch.full((6,), -1), temperature=tau), slice(None))[::-1]
+    sd_c, sd_u = sd_c.exp(), torch.maximum(sd_u.exp(), sd_c.exp())  # the unconditional scale floored
+    precision = (1 + w) / sd_c**2 - w / sd_u**2  # p_c^(1+w) p_u^(-w), normalised
+    mean = ((1 + w) * mean_c / sd_c**2 - w * mean_u / sd_u**2) / precision
+    torch.testing.assert_close(x, mean + z / precision.sqrt(), atol=1e-12, rtol=0)
+    with pytest.raises(ValueError, match=r"expected weight >= 0 with rule='product', got -1\.0"):
+        t.inverse_guided(z, y, weight=-1.0, rule="product")
+    with pytest.raises(ValueError, match=r"expected rule in \['tarflow', 'product'\], got 'sum'"):
+        t.inverse_guided(z, y, weight=1.0, rule="sum")

@@ -211,13 +211,15 @@ class TarFlow(Flow):
         guidance: float | None = None,
         schedule: str = "constant",
         temperature: float = 1.0,
+        rule: str = "tarflow",
     ) -> Tensor:
         r"""Samples ``(*sample_shape, *context_batch, *event_shape)``, with classifier-free guidance when asked.
 
         ``guidance = w`` decodes every block with
         :meth:`~flows.bijections.TransformerAutoregressive.inverse_guided` (``schedule``:
         ``"constant"`` or ``"linear"`` over each block's token order; ``temperature``: the
-        unconditional pass's attention temperature); ``None`` is plain sampling. ``w = 0`` gives
+        unconditional pass's attention temperature; ``rule``: ``"tarflow"`` or STARFlow's
+        ``"product"``); ``None`` is plain sampling. ``w = 0`` gives
         the same samples as plain sampling from the same noise.
         """
         if guidance is None:
@@ -228,7 +230,7 @@ class TarFlow(Flow):
         c = self._latent_context(shape, context)
         for layer in reversed(_members(self.transform)):
             if isinstance(layer, TransformerAutoregressive):
-                x = layer.inverse_guided(x, c, weight=guidance, schedule=schedule, temperature=temperature)
+                x = layer.inverse_guided(x, c, weight=guidance, schedule=schedule, temperature=temperature, rule=rule)
             else:
                 x = layer.inverse(x, c)
         return x

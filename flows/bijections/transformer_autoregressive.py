@@ -246,13 +246,13 @@ class TransformerAutoregressive(Bijection):
 
     # -- decoding algorithms --------------------------------------------------------------------------
     def _sequential(
-        self, zs: Tensor, c: Tensor | None, *, cached: bool, guidance: tuple[float, str, float] | None = None
+        self, zs: Tensor, c: Tensor | None, *, cached: bool, guidance: tuple[float, str, float, str] | None = None
     ) -> tuple[Tensor, Tensor]:
         """Token by token: ``T`` network passes, one new token each (cached) or the whole prefix (uncached).
 
-        ``guidance = (w, schedule, temperature)`` adds a second, unconditional pass (null class,
-        attention ``temperature``) with its own cache and moves the raw outputs
-        ``o ← o + g_t (o − o_uncond)``, ``g_t = w`` or ``w · t / (T − 1)`` (``"linear"``).
+        ``guidance = (w, schedule, temperature, rule)`` adds a second, unconditional pass (null
+        class, attention ``temperature``) with its own cache and combines the two per token with
+        weight ``g_t = w`` or ``w · t / (T − 1)`` (``"linear"``) by :meth:`_guide`.
         """
         uncond = None if guidance is None or c is None else torch.full_like(c, -1)
         cache, cache_u = self.net.empty_cache(zs), self.net.empty_cache(zs)
@@ -263,20 +263,37 @@ class TransformerAutoregressive(Bijection):
                 out, cache = self.net.decode(inputs[-1], cache, c)
             else:
                 out = self.net(torch.cat(inputs, dim=1), c)[:, -1:]
-            if guidance is not None:
-                weight, schedule, temperature = guidance
+            if guidance is None:
+                log_s, b = self._scale_shift(out, slice(t, t + 1))
+            else:
+                weight, schedule, temperature, rule = guidance
                 if cached:
                     out_u, cache_u = self.net.decode(inputs[-1], cache_u, uncond, temperature=temperature)
                 else:
                     out_u = self.net(torch.cat(inputs, dim=1), uncond, temperature=temperature)[:, -1:]
                 g = weight if schedule == "constant" else weight * t / max(self.tokens - 1, 1)
-                out = out + g * (out - out_u)
-            log_s, b = self._scale_shift(out, slice(t, t + 1))
+                log_s, b = self._guide(out, out_u, g, rule, slice(t, t + 1))
             x_t = zs[:, t : t + 1] * torch.exp(log_s) + b
             xs.append(x_t)
             log_ss.append(log_s)
             inputs.append(x_t)
         return torch.cat(xs, dim=1), torch.cat(log_ss, dim=1)
+
+    def _guide(self, out: Tensor, out_u: Tensor, g: float, rule: str, positions: slice) -> tuple[Tensor, Tensor]:
+        r"""Guided ``(log s, b)`` from the conditional and unconditional raw outputs.
+
+        ``"tarflow"``: raw outputs moved, :math:`o + g (o - o_u)`. ``"product"`` (STARFlow): the
+        Gaussian :math:`\mathcal N(b, s^2)` of each coordinate becomes the normalised product
+        :math:`p_c^{1+g} p_u^{-g}`, with :math:`r = \min(s_c / s_u, 1)^2`:
+        :math:`s = s_c / \sqrt{1 + g - g r}`, :math:`b = ((1 + g) b_c - g r b_u) / (1 + g - g r)`.
+        """
+        if rule == "tarflow":
+            return self._scale_shift(out + g * (out - out_u), positions)
+        log_c, b_c = self._scale_shift(out, positions)
+        log_u, b_u = self._scale_shift(out_u, positions)
+        r = torch.exp(2 * torch.clamp(log_c - log_u, max=0.0))
+        denominator = 1 + g - g * r
+        return log_c - 0.5 * torch.log(denominator), ((1 + g) * b_c - g * r * b_u) / denominator
 
     def _jacobi(self, zs: Tensor, c: Tensor | None, iterations: int, tol: float) -> tuple[Tensor, Tensor]:
         """Fixed-point sweeps ``x ← s(x) ⊙ z + b(x)`` over all tokens at once; token ``t`` is exact after ``t + 1``."""
@@ -320,6 +337,7 @@ class TransformerAutoregressive(Bijection):
         weight: float,
         schedule: str = "constant",
         temperature: float = 1.0,
+        rule: str = "tarflow",
         cached: bool = True,
     ) -> Tensor:
         r"""Sequential decoding with classifier-free guidance, as TarFlow samples.
@@ -331,6 +349,10 @@ class TransformerAutoregressive(Bijection):
         attention logits by ``temperature``; for a block without classes it differs from the
         conditional one by the temperature only (TarFlow's unconditional guidance). ``weight = 0``
         is the plain conditional decode. Guided samples are not the inverse of :meth:`forward`.
+
+        ``rule="product"`` (STARFlow) instead decodes each coordinate from the normalised product
+        of the conditional and unconditional Gaussians, :math:`p_c^{1+g} p_u^{-g}` (the
+        unconditional scale floored at the conditional one), which needs ``weight >= 0``.
 
         Raises:
             ValueError: for a block with a continuous context (no unconditional model), a bad
@@ -345,11 +367,15 @@ class TransformerAutoregressive(Bijection):
             )
         if schedule not in ("constant", "linear"):
             raise ValueError(f"{who}: expected schedule in ['constant', 'linear'], got {schedule!r}")
+        if rule not in ("tarflow", "product"):
+            raise ValueError(f"{who}: expected rule in ['tarflow', 'product'], got {rule!r}")
+        if rule == "product" and not weight >= 0:
+            raise ValueError(f"{who}: expected weight >= 0 with rule='product', got {weight!r}")
         if not math.isfinite(weight) or not (math.isfinite(temperature) and temperature > 0):
             raise ValueError(f"{who}: expected a finite weight and a temperature > 0, got {weight!r}, {temperature!r}")
         zs, batch = self._flat(z)
         c = self._net_context(context, batch)
-        x, log_s = self._sequential(zs, c, cached=cached, guidance=(float(weight), schedule, float(temperature)))
+        x, log_s = self._sequential(zs, c, cached=cached, guidance=(float(weight), schedule, float(temperature), rule))
         return self._unflat(x, log_s.sum(dim=(-2, -1)), batch)[0]
 
     def inverse_teacher_forced(self, z: Tensor, x: Tensor, context: Tensor | None = None) -> Tensor:
