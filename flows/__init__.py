@@ -11,13 +11,15 @@ prints its own results.
 
 import logging as _logging
 
-from flows.architectures import FFJORD, IAF, MAF, NICE, NSF, FreeFormInjectiveFlow, Glow, RealNVP
+from flows import classify
+from flows.architectures import FFJORD, IAF, MAF, NICE, NSF, FreeFormInjectiveFlow, Glow, RealNVP, TarFlow
 from flows.architectures.dependent import DependentFlow, MatrixNormal
 from flows.bijections import *  # noqa: F403  (every layer: the one list is flows.bijections.__all__)
 from flows.bijections import __all__ as _bijections_all
 from flows.bijections.auxiliary import AuxiliaryLosses, add_auxiliary_loss
 from flows.distributions import DiagNormal, Distribution, StandardNormal, TorchDistribution
 from flows.flow import Flow, FlowDistribution, evaluating, monte_carlo_kl
+from flows.metrics.denoising import tweedie_denoise
 from flows.model_file import load_model, save_model
 from flows.nn import MADE, MLP, ConvNet, PooledMLP, TimeMLP
 from flows.testing import BijectionCheckError, check_bijection
@@ -49,13 +51,16 @@ __all__ = [
     "PooledMLP",
     "RealNVP",
     "StandardNormal",
+    "TarFlow",
     "TimeMLP",
     "TorchDistribution",
     "__version__",
     "add_auxiliary_loss",
     "check_bijection",
+    "classify",
     "evaluating",
     "load_model",
     "monte_carlo_kl",
     "save_model",
+    "tweedie_denoise",
 ]

@@ -41,6 +41,7 @@ LAYERS: dict[str, int] = {
     # 5: estimators on flows and targets
     "metrics": 5,
     "mcmc": 5,
+    "classify": 5,
     # 6: training and pictures
     "train": 6,
     "plot": 6,

@@ -8,5 +8,6 @@ from flows.architectures.continuous import FFJORD
 from flows.architectures.coupling import NICE, RealNVP
 from flows.architectures.glow import Glow
 from flows.architectures.injective import FreeFormInjectiveFlow
+from flows.architectures.transformer import TarFlow
 
-__all__ = ["FFJORD", "IAF", "MAF", "NICE", "NSF", "FreeFormInjectiveFlow", "Glow", "RealNVP"]
+__all__ = ["FFJORD", "IAF", "MAF", "NICE", "NSF", "FreeFormInjectiveFlow", "Glow", "RealNVP", "TarFlow"]

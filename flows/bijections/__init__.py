@@ -13,11 +13,13 @@ from flows.bijections.injective import FreeFormInjective, InjectiveLinear, half_
 from flows.bijections.linear import LULinear
 from flows.bijections.multiscale import Flatten, Split, Squeeze
 from flows.bijections.normalization import ActNorm, ActNorm2d, BatchNorm
+from flows.bijections.patchify import Patchify
 from flows.bijections.permutation import Permutation, Reverse
 from flows.bijections.splines import RationalQuadraticSpline
 from flows.bijections.standardize import Standardize
 from flows.bijections.stochastic import HMCBlock, LangevinBlock, MetropolisBlock, StochasticBlock
 from flows.bijections.torch_transform import TorchTransform
+from flows.bijections.transformer_autoregressive import TransformerAutoregressive
 from flows.bijections.transformers import AdditiveTransformer, AffineTransformer, Transformer
 
 __all__ = [
@@ -50,6 +52,7 @@ __all__ = [
     "Logit",
     "MaskedAutoregressive",
     "MetropolisBlock",
+    "Patchify",
     "Permutation",
     "RationalQuadraticSpline",
     "Reverse",
@@ -61,6 +64,7 @@ __all__ = [
     "StochasticBlock",
     "TorchTransform",
     "Transformer",
+    "TransformerAutoregressive",
     "alternating_mask",
     "half_log_det_gram",
     "half_mask",

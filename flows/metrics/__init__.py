@@ -1,5 +1,6 @@
 """Evaluation metrics: density (bits/dim), and (in their own modules) importance sampling and MCMC diagnostics."""
 
+from flows.metrics.denoising import tweedie_denoise
 from flows.metrics.density import bits_per_dim
 from flows.metrics.importance import (
     FreeEnergyProfile,
@@ -36,4 +37,5 @@ __all__ = [
     "sample_log_weights",
     "sliced_wasserstein",
     "split_rhat",
+    "tweedie_denoise",
 ]
