@@ -5,7 +5,6 @@ from __future__ import annotations
 import functools
 import itertools
 import math
-import warnings
 from pathlib import Path
 
 import pytest
@@ -14,7 +13,7 @@ from torch import nn
 
 import flows
 from flows import CNF, Flow, StandardNormal
-from flows.train import FlowMatching, NonFiniteGuard, Trainer, TrainingWarning
+from flows.train import FlowMatching, NonFiniteGuard, Trainer
 from flows.train.flow_matching import flow_matching_parts, ot_coupling
 
 
