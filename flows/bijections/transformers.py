@@ -18,6 +18,8 @@ from __future__ import annotations
 import torch
 from torch import Tensor, nn
 
+from flows._validation import check_number
+
 __all__ = ["AdditiveTransformer", "AffineTransformer", "Transformer"]
 
 
@@ -55,7 +57,7 @@ class AffineTransformer(Transformer):
         arXiv:1605.08803.
 
     Args:
-        clamp: bound on the absolute log-scale (``None`` for no bound).
+        clamp: bound on the absolute log-scale, a finite number > 0 (``None`` for no bound).
 
     Example:
         >>> import torch
@@ -70,8 +72,8 @@ class AffineTransformer(Transformer):
 
     def __init__(self, clamp: float | None = 3.0) -> None:
         super().__init__()
-        if clamp is not None and not clamp > 0:
-            raise ValueError(f"AffineTransformer: expected clamp > 0 or None, got {clamp}")
+        if clamp is not None:  # inf: c tanh(s / c) = inf * 0 = NaN; pass None for no bound
+            clamp = check_number("AffineTransformer", "clamp (or None)", clamp, minimum=0, strict=True)
         self.clamp = clamp
 
     def log_scale(self, raw: Tensor) -> Tensor:
