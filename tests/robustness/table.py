@@ -211,8 +211,10 @@ def workspace() -> Path:
 def all_attacks(families: tuple[str, ...] | None = None) -> list[Attack]:
     """Every attack of the table (optionally only some families), ids unique and stable."""
     from tests.robustness import api, cli, files
+    from tests.robustness import objectives as objective_and_option_attacks
 
     attacks = [*api.attacks(), *files.attacks(), *cli.attacks()]
+    attacks += objective_and_option_attacks.attacks()
     if families is not None:
         attacks = [a for a in attacks if a.family in families]
     ids = [a.id for a in attacks]
