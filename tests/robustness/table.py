@@ -211,9 +211,11 @@ def workspace() -> Path:
 def all_attacks(families: tuple[str, ...] | None = None) -> list[Attack]:
     """Every attack of the table (optionally only some families), ids unique and stable."""
     from tests.robustness import api, cli, files, values
+    from tests.robustness import objectives as objective_and_option_attacks
 
     attacks = [*api.attacks(), *files.attacks(), *cli.attacks()]
     attacks += values.attacks()  # metric, particles, distribution
+    attacks += objective_and_option_attacks.attacks()
     if families is not None:
         attacks = [a for a in attacks if a.family in families]
     ids = [a.id for a in attacks]
