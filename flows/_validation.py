@@ -226,6 +226,7 @@ def check_samples(
     nan: str = "propagate",
     inf: str = "allow",
     empty_batch: bool = False,
+    event_ndim: int = 1,
 ) -> Tensor:
     """The shared input check of the metric and particle functions; returns ``x`` as a real floating tensor.
 
@@ -236,8 +237,8 @@ def check_samples(
       floating ones kept as they are: no caller ever sees its weights or values cast to an integer;
     * of rank ``ndim`` (or at least ``min_ndim``), named by ``layout`` in the message (``ValueError``);
     * non-empty along every dimension (``ValueError``): a statistic of no draws, chains or
-      coordinates has no value (``empty_batch=True`` lets the first dimension be 0, for
-      functions that map rows to rows);
+      coordinates has no value (``empty_batch=True`` lets the batch dimensions, all but the
+      last ``event_ndim``, be 0, for functions that map rows to rows);
     * NaN: ``"propagate"`` (returned as it is; the caller documents that NaN in gives NaN out) or
       ``"refuse"`` (``ValueError`` with the count and the first index); infinite values likewise
       with ``inf="allow"`` / ``"refuse"``.
@@ -251,7 +252,9 @@ def check_samples(
         min_ndim: the smallest rank accepted.
         nan: ``"propagate"`` or ``"refuse"``.
         inf: ``"allow"`` or ``"refuse"``.
-        empty_batch: accept zero rows (the first dimension), not zero-sized other dimensions.
+        empty_batch: accept zero-sized batch dimensions (all but the last ``event_ndim``), not
+            zero-sized event dimensions.
+        event_ndim: how many trailing dimensions are the event (with ``empty_batch``).
     """
     if not isinstance(x, Tensor):
         raise TypeError(f"{who}: expected {what} to be a torch.Tensor, got {type(x).__name__}")
@@ -262,7 +265,8 @@ def check_samples(
     shape_text = layout or (f"a tensor of rank {ndim}" if ndim is not None else f"rank >= {min_ndim}")
     if (ndim is not None and x.dim() != ndim) or x.dim() < min_ndim:
         raise ValueError(f"{who}: expected {what} of shape {shape_text}, got {tuple(x.shape)}")
-    if x.numel() == 0 and not (empty_batch and x.dim() >= 1 and 0 not in x.shape[1:]):
+    event = x.shape[max(x.dim() - event_ndim, 0) :]
+    if x.numel() == 0 and not (empty_batch and x.dim() > event_ndim and 0 not in event):
         raise ValueError(
             f"{who}: expected non-empty {what} of shape {shape_text} (at least one entry along every "
             f"dimension), got {tuple(x.shape)}"
