@@ -287,3 +287,30 @@ def test_readme_examples_run(marker: str, tmp_path: Path, monkeypatch: pytest.Mo
         assert namespace["samples"].shape == (5, 2) and bool(
             ((namespace["samples"] > 0) & (namespace["samples"] < 1)).all()
         )
+
+
+def test_eval_and_check_read_the_verified_model_file(tmp_path: Path, capsys) -> None:
+    pytest.importorskip("sklearn", reason="the embedded data sets ship with scikit-learn (test extra)")
+    from flows.cli import main
+
+    out = tmp_path / "run"
+    fit = ["fit", "--data", "moons", "--epochs", "1", "--out", str(out), "--no-plots", "--quiet"]
+    assert main([*fit, "--transforms", "1", "--hidden", "8", "--threads", "1"]) == 0
+    assert load_model(out).log_prob(torch.zeros(1, 2)).isfinite().all()
+    capsys.readouterr()
+    assert main(["eval", str(out), "--json"]) == 0
+    good = json.loads(capsys.readouterr().out)["log_likelihood"]
+    config = json.loads((out / "model.json").read_text())
+    config["arguments"]["clamp"] = 1.0  # another density, with the same tensors
+    (out / "model.json").write_text(json.dumps(config))
+    for command in ("eval", "check"):
+        assert main([command, str(out)]) != 0
+        assert "differs from the config stored in" in capsys.readouterr().err
+    (out / "model.json").unlink()  # the weights file alone is the file of record
+    assert main(["eval", str(out), "--json"]) == 0
+    assert json.loads(capsys.readouterr().out)["log_likelihood"] == good
+    data = bytearray((out / "model.safetensors").read_bytes())
+    data[-2] ^= 0x10
+    (out / "model.safetensors").write_bytes(bytes(data))
+    assert main(["check", str(out)]) != 0
+    assert "failed its SHA-256 check" in capsys.readouterr().err
