@@ -208,8 +208,10 @@ def _missing_file(kind: str) -> Result:
 
 
 def attacks() -> list[Attack]:
-    """The checkpoint part of the table."""
-    out = []
+    """The checkpoint part of the table, and the model-file family (:mod:`tests.robustness.model_files`)."""
+    from tests.robustness import model_files
+
+    out = model_files.attacks()
     for kind in ("model", "training"):
         for corruption in _corruptions(kind, Path("unused")):
             out.append(
