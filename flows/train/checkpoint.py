@@ -14,8 +14,10 @@ File layout (one file)::
   half-written file is rejected with a :class:`CheckpointError` before any unpickling starts.
 
 Every length field is bounded by the file's size before anything is allocated, the checksum is
-verified before the header is parsed, and :func:`check_training_state` names what a training
-state lacks (``state["optimizer"]`` of a hand-edited checkpoint) instead of a ``KeyError``.
+verified before the header is parsed, the payload's pickle is walked with inert stand-ins before
+``torch.load`` so that a tensor larger than its storage (a stride-0 tensor of 10^11 elements over
+one stored number) or a storage larger than its record is refused before any allocation, and
+:func:`check_training_state` names what a training state lacks (``state["optimizer"]`` of a hand-edited checkpoint) instead of a ``KeyError``.
 
 Files are written atomically (temporary file, ``fsync``, rename): a process killed in the middle
 of a save leaves the previous checkpoint intact.
