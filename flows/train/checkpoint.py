@@ -17,7 +17,8 @@ Every length field is bounded by the file's size before anything is allocated, t
 verified before the header is parsed, the payload's pickle is walked with inert stand-ins before
 ``torch.load`` so that a tensor larger than its storage (a stride-0 tensor of 10^11 elements over
 one stored number) or a storage larger than its record is refused before any allocation, and
-:func:`check_training_state` names what a training state lacks (``state["optimizer"]`` of a hand-edited checkpoint) instead of a ``KeyError``.
+:func:`check_training_state` names what a training state lacks (``state["optimizer"]`` of a
+hand-edited checkpoint) instead of a ``KeyError``.
 
 Files are written atomically (temporary file, ``fsync``, rename): a process killed in the middle
 of a save leaves the previous checkpoint intact.
