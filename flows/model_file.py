@@ -467,6 +467,58 @@ def _check_sizes(arguments: dict[str, Any], header: dict[str, Any], where: str) 
             visit(value, name)
 
 
+_KINDS: dict[str, tuple[type, ...]] = {
+    "int": (int,),
+    "float": (int, float),
+    "bool": (bool,),
+    "str": (str,),
+    "None": (type(None),),
+}
+_OBJECTS = ("Flow", "nn.Module", "Tensor", "Standardize", "torch.Generator")  # stored only as None
+
+
+def _kinds(annotation: object) -> tuple[type, ...] | None:
+    """The JSON kinds a (string) annotation admits, ``None`` when it is not one this check reads."""
+    if not isinstance(annotation, str):
+        return None
+    kinds: list[type] = []
+    for part in (p.strip() for p in annotation.split("|")):
+        if part in _KINDS:
+            kinds += _KINDS[part]
+        elif part.startswith(("Sequence[int]", "list[int]", "tuple[int")):
+            kinds.append(list)
+        elif part.startswith(("Callable[", "type[")):
+            kinds.append(type)
+        elif part not in _OBJECTS:
+            return None
+    return tuple(kinds)
+
+
+def _check_types(builder: Any, arguments: dict[str, Any], where: str) -> None:
+    """Refuse an argument whose JSON kind the builder's annotation does not admit (``clamp=true``)."""
+    try:
+        parameters = inspect.signature(builder).parameters
+    except (TypeError, ValueError):
+        return
+    for name, value in arguments.items():
+        kinds = _kinds(parameters[name].annotation) if name in parameters else None
+        if kinds is None:
+            continue
+        if isinstance(value, bool):
+            ok = bool in kinds
+        elif isinstance(value, list):
+            ok = list in kinds and all(isinstance(v, int) and not isinstance(v, bool) for v in value)
+        elif inspect.isclass(value):
+            ok = type in kinds
+        else:
+            ok = isinstance(value, tuple(k for k in kinds if k is not bool and k is not list and k is not type))
+        if not ok:
+            raise ModelFileError(
+                f"load_model: expected argument {name!r} of the config of {where} to be "
+                f"{parameters[name].annotation}, got {value!r:.60}"
+            )
+
+
 class _BuildBudget(TorchDispatchMode):
     """Refuse tensor allocations beyond a byte and count budget while a model is being built.
 
@@ -506,6 +558,7 @@ def _build(config: dict[str, Any], header: dict[str, Any], body: bytes, where: s
     arguments = _decode(config.get("arguments", {}))
     if not isinstance(arguments, dict):
         raise ModelFileError(f"load_model: expected 'arguments' to be a JSON object, got {arguments!r}")
+    _check_types(builders[name], arguments, where)
     _check_sizes(arguments, header, where)
     budget = _BuildBudget(16 * len(body) + 2**26, 64 * len(header) + 4096, where)
     from flows.bijections.base import Bijection
@@ -528,8 +581,11 @@ def _build(config: dict[str, Any], header: dict[str, Any], body: bytes, where: s
                 model.prepend(*[t for t in front if isinstance(t, Bijection)], options=options)
     except ModelFileError:
         raise
-    except (TypeError, ValueError, RuntimeError, OverflowError) as error:
-        raise ModelFileError(f"load_model: {name} refused the arguments of the model file: {error}") from error
+    except (TypeError, ValueError, RuntimeError, OverflowError, ArithmeticError, LookupError, AssertionError) as error:
+        raise ModelFileError(
+            f"load_model: expected arguments that {name} accepts in the config of {where}, got an error: "
+            f"{type(error).__name__}: {error}"
+        ) from error
     return model
 
 
@@ -600,7 +656,11 @@ def load_model(path: str | os.PathLike, *, map_location: str | torch.device = "c
     model = model.to(dtype)
     found = {name: _tensor(entry, body) for name, entry in header.items()}
     aliases = config.get("aliases") or {}
-    for alias, source in aliases.items() if isinstance(aliases, dict) else ():
+    if not isinstance(aliases, dict) or not all(isinstance(v, str) for v in aliases.values()):
+        raise ModelFileError(
+            f"load_model: expected 'aliases' to map tensor names to names in {where}, got {aliases!r:.80}"
+        )
+    for alias, source in aliases.items():
         if source in found:
             found[alias] = found[source]
     _check_tensors(found, model.state_dict(), where)

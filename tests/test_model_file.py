@@ -146,7 +146,7 @@ def test_refuses_wrong_arguments_and_non_torch_nn_names(tmp_path: Path) -> None:
     with pytest.raises(ModelFileError, match=r"expected the name of a torch\.nn module class"):
         load_model(tmp_path)
     _resign(path, {**config, "arguments": {**config["arguments"], "bogus": 1}})
-    with pytest.raises(ModelFileError, match="MAF refused the arguments"):
+    with pytest.raises(ModelFileError, match="expected arguments that MAF accepts"):
         load_model(tmp_path)
 
 
@@ -314,3 +314,22 @@ def test_eval_and_check_read_the_verified_model_file(tmp_path: Path, capsys) -> 
     (out / "model.safetensors").write_bytes(bytes(data))
     assert main(["check", str(out)]) != 0
     assert "failed its SHA-256 check" in capsys.readouterr().err
+
+
+@pytest.mark.parametrize(
+    ("argument", "value"), [("clamp", True), ("transforms", 1.0), ("hidden", [8.0]), ("residual", 1)]
+)
+def test_an_argument_of_another_kind_is_refused_against_the_annotation(argument, value, tmp_path: Path) -> None:
+    path, config = _saved(tmp_path)
+    _resign(path, {**config, "arguments": {**config["arguments"], argument: value}})
+    with pytest.raises(ModelFileError, match=rf"expected argument '{argument}' of the config .* got {value!r}"):
+        load_model(tmp_path)
+
+
+def test_loading_leaves_the_global_random_state_alone(tmp_path: Path) -> None:
+    _saved(tmp_path)
+    torch.manual_seed(3)
+    expected = torch.rand(3)
+    torch.manual_seed(3)
+    load_model(tmp_path)
+    assert torch.equal(torch.rand(3), expected)

@@ -5,6 +5,8 @@ through :func:`flows.load_model`:
 
 * ``json-edit/<argument>``: one stored argument of ``model.json`` changed to another value (the
   weights file untouched): must be refused, since another ``bound`` or activation is another density;
+* ``resigned-wrong-type/<argument>``: a value of another JSON kind (a string for a number, a
+  float for a string), digests recomputed: refused against the builder's annotations;
 * ``resigned-huge/<argument>``: an integer (or list of integers) argument set to 10^9 in both files,
   the config digest recomputed as an editor would: refused before anything that size is built;
   ``resigned-large/<argument>``: set to the number of stored weights, the most the size bound lets
@@ -154,6 +156,13 @@ def _files(name: str) -> dict[str, Callable[[], tuple[bytes, str | None]]]:
             return weights, json.dumps(config, indent=1)
 
         out[f"json-edit/{argument}"] = json_edit
+
+        def wrong_type(argument=argument, value=value):  # a value of another JSON kind, digests recomputed
+            config = _config(name)
+            config["arguments"][argument] = 1.5 if isinstance(value, str) else ("x" if value is not True else 1.5)
+            return _resigned(config, _tensors(name))
+
+        out[f"resigned-wrong-type/{argument}"] = wrong_type
         if _is_size(value):
 
             def huge(argument=argument, value=value):
