@@ -24,6 +24,7 @@ directory) verifies, before anything is built,
 * the config's SHA-256, and that ``model.json``, when present, says the same (an edited copy is
   refused, naming the keys that differ: a changed spline ``bound`` would give another density);
 * every tensor's dtype, shape and SHA-256 against the config (one flipped bit is refused);
+* every argument's JSON kind against the builder's annotation (``clamp=true``, ``hidden=[8.0]``);
 * every size in the config against what the file can describe: an integer argument larger than
   the number of stored weights is refused, and the builder runs under an allocation budget
   (a few times the file's size) so that a config such as ``transforms=10**9`` stops with a
