@@ -52,7 +52,7 @@ from typing import Any
 
 import torch
 from torch import Tensor, nn
-from torch.utils._python_dispatch import TorchDispatchMode
+from torch.overrides import TorchFunctionMode
 
 __all__ = ["FORMAT_VERSION", "ModelFileError", "load_model", "read_model_config", "save_model"]
 
@@ -449,7 +449,7 @@ def _check_table(config: dict[str, Any], header: dict[str, Any], body: bytes, wh
 def _check_sizes(arguments: dict[str, Any], header: dict[str, Any], where: str) -> None:
     """Refuse integer arguments larger than the number of weights the file holds, before building."""
     stored = sum(math.prod(e["shape"]) for e in header.values())
-    bound = max(stored, 64)
+    bound = max(stored, 4096)
 
     def visit(value: Any, name: str) -> None:
         if isinstance(value, bool):
@@ -520,11 +520,49 @@ def _check_types(builder: Any, arguments: dict[str, Any], where: str) -> None:
             )
 
 
-class _BuildBudget(TorchDispatchMode):
-    """Refuse tensor allocations beyond a byte and count budget while a model is being built.
+def _ints(value: Any) -> list[int] | None:
+    """``value`` as a list of sizes (an int or a sequence of ints), ``None`` otherwise."""
+    if isinstance(value, int) and not isinstance(value, bool):
+        return [value]
+    if isinstance(value, (tuple, list, torch.Size)) and all(isinstance(v, int) for v in value):
+        return list(value)
+    return None
 
-    Factory calls (``empty``, ``zeros``, ``randn``, ...) are checked *before* they allocate, so a
-    config asking for a billion-wide layer stops here instead of in the allocator.
+
+def _requested(name: str, args: tuple, kwargs: dict) -> int:
+    """The number of elements a torch factory call asks for (0 when it is not one this check reads)."""
+    if name in ("empty", "zeros", "ones", "rand", "randn", "full", "randint", "normal"):
+        size = kwargs.get("size")
+        if size is None and name == "randint":
+            size = next((a for a in args if isinstance(a, (tuple, list, torch.Size))), None)
+        elif size is None and name in ("full", "normal"):
+            size = args[0] if args and isinstance(args[0], (tuple, list, torch.Size)) else None
+        elif size is None:
+            size = args[0] if len(args) == 1 and not isinstance(args[0], int) else args
+        sizes = _ints(size)
+        return math.prod(abs(n) for n in sizes) if sizes else 0
+    if name in ("randperm", "eye"):
+        sizes = _ints(list(args[:2]))
+        return (sizes[0] * (sizes[-1] if name == "eye" else 1)) if sizes else 0
+    if name in ("arange", "linspace", "logspace"):
+        numbers = [a for a in args if isinstance(a, (int, float)) and not isinstance(a, bool)]
+        if name != "arange":
+            steps = kwargs.get("steps", numbers[2] if len(numbers) > 2 else 0)
+            return int(steps) if isinstance(steps, int) else 0
+        if len(numbers) == 1:
+            numbers = [0, numbers[0]]
+        start, end, step = [*numbers, 1][:3] if len(numbers) >= 2 else (0, 0, 1)
+        return max(0, math.ceil((end - start) / step)) if step and math.isfinite(end - start) else 0
+    return 0
+
+
+class _BuildBudget(TorchFunctionMode):
+    """Refuse tensor allocations beyond a byte and call budget while a model is being built.
+
+    Factory calls (``empty``, ``zeros``, ``randn``, ``arange``, ...) are checked *before* they
+    allocate, so a config asking for a billion-wide layer stops here instead of in the allocator,
+    and the number of torch calls is bounded, so a config asking for a billion tiny layers stops
+    after a few thousand. (A function mode, not a dispatch mode: it does not import ``torch._dynamo``.)
     """
 
     def __init__(self, max_bytes: int, max_calls: int, where: str) -> None:
@@ -532,17 +570,16 @@ class _BuildBudget(TorchDispatchMode):
         self.max_bytes, self.max_calls, self.where = max_bytes, max_calls, where
         self.bytes = self.calls = 0
 
-    def __torch_dispatch__(self, func, types, args=(), kwargs=None):
+    def __torch_function__(self, func, types, args=(), kwargs=None):
         kwargs = kwargs or {}
         self.calls += 1
-        schema = func._schema.arguments
-        if schema and schema[0].name == "size" and args and isinstance(args[0], (list, tuple)):
-            dtype = kwargs.get("dtype") or torch.get_default_dtype()
-            self.bytes += math.prod(int(n) for n in args[0]) * dtype.itemsize
+        dtype = kwargs.get("dtype")
+        itemsize = dtype.itemsize if isinstance(dtype, torch.dtype) else torch.get_default_dtype().itemsize
+        self.bytes += _requested(getattr(func, "__name__", ""), args, kwargs) * max(itemsize, 1)
         if self.bytes > self.max_bytes or self.calls > self.max_calls:
             raise ModelFileError(
                 f"load_model: the config of {self.where} builds a model larger than its weights: expected at most "
-                f"{self.max_bytes} bytes in {self.max_calls} tensor operations while building, got "
+                f"{self.max_bytes} bytes in {self.max_calls} torch calls while building, got "
                 f"{self.bytes} bytes in {self.calls} (a size in the config was edited)"
             )
         return func(*args, **kwargs)
