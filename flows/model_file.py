@@ -26,7 +26,7 @@ directory) verifies, before anything is built,
 * every tensor's dtype, shape and SHA-256 against the config (one flipped bit is refused);
 * every argument's JSON kind against the builder's annotation (``clamp=true``, ``hidden=[8.0]``);
 * every size in the config against what the file can describe: an integer argument larger than
-  the number of stored weights is refused, and the builder runs under an allocation budget
+  the number of stored weights (or 4096) is refused, and the builder runs under an allocation budget
   (a few times the file's size) so that a config such as ``transforms=10**9`` stops with a
   :class:`ModelFileError` instead of building until memory runs out;
 * the rebuilt model's tensors: the same names, shapes and dtypes (a float64 model comes back

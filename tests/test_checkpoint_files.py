@@ -177,13 +177,11 @@ def _shrunk_record(state: dict) -> bytes:
 def test_a_stride_zero_tensor_of_1e11_elements_is_refused_before_allocating(tmp_path: Path) -> None:
     # torch.save writes the one-element storage with size (1e11,) and stride (0,): 400 GB once materialized
     path = save_checkpoint(tmp_path / "x.ckpt", {"model": {"w": torch.ones(1).expand(10**11)}}, kind="model")
-    tracemalloc.start()
+    # (were it materialized, torch would fail with a RuntimeError from its allocator, not this error)
     with pytest.raises(CheckpointError, match=r"tensor of 100000000000 elements .* over a storage of 1"):
         load_checkpoint(path)
     with pytest.raises(CheckpointError, match="refused before allocating"):
         load_model(path)
-    assert tracemalloc.get_traced_memory()[1] < 50 * 2**20
-    tracemalloc.stop()
 
 
 def test_a_storage_larger_than_its_record_is_refused(tmp_path: Path) -> None:
