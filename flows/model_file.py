@@ -672,11 +672,11 @@ def load_model(path: str | os.PathLike, *, map_location: str | torch.device = "c
             format or library version, sizes the file cannot describe, tensors that are missing,
             extra, of the wrong shape or dtype, or not finite, or an unusable ``map_location``.
     """
+    device = _device(map_location)
     if Path(path).suffix == ".ckpt":
         from flows.train.checkpoint import load_model as load_checkpoint_model
 
-        return load_checkpoint_model(path, map_location=map_location)
-    device = _device(map_location)
+        return load_checkpoint_model(path, map_location=device)
     weights, config_path = _paths(path)
     if not weights.is_file():
         raise FileNotFoundError(f"load_model: no model file at {str(path)!r} (looked for {weights})")

@@ -336,3 +336,14 @@ def test_loading_leaves_the_global_random_state_alone(tmp_path: Path) -> None:
     torch.manual_seed(3)
     load_model(tmp_path)
     assert torch.equal(torch.rand(3), expected)
+
+
+def test_a_bad_map_location_is_refused_for_a_checkpoint_too(tmp_path: Path) -> None:
+    from flows.train import model_config
+    from flows.train import save_model as save_checkpoint_model
+
+    config = model_config("RealNVP", 2, transforms=1, hidden=[4])
+    path = save_checkpoint_model(flows.train.build_model(config), tmp_path / "model.ckpt", config)
+    with pytest.raises(ModelFileError, match="expected map_location"):
+        load_model(path, map_location="no-such-device")
+    assert type(load_model(path, map_location=torch.device("cpu"))) is RealNVP
