@@ -575,8 +575,11 @@ class _BuildBudget(TorchFunctionMode):
         self.calls += 1
         dtype = kwargs.get("dtype")
         itemsize = dtype.itemsize if isinstance(dtype, torch.dtype) else torch.get_default_dtype().itemsize
-        self.bytes += _requested(getattr(func, "__name__", ""), args, kwargs) * max(itemsize, 1)
-        if self.bytes > self.max_bytes or self.calls > self.max_calls:
+        requested = _requested(getattr(func, "__name__", ""), args, kwargs)
+        self.bytes += requested * max(itemsize, 1)
+        # refuse only at a factory call: raising at another (the grad-mode restore of a no_grad block's
+        # exit) would leave torch's global state changed
+        if requested and (self.bytes > self.max_bytes or self.calls > self.max_calls):
             raise ModelFileError(
                 f"load_model: the config of {self.where} builds a model larger than its weights: expected at most "
                 f"{self.max_bytes} bytes in {self.max_calls} torch calls while building, got "
@@ -602,6 +605,7 @@ def _build(config: dict[str, Any], header: dict[str, Any], body: bytes, where: s
     from flows.bijections.base import Bijection
     from flows.train.config import _layers
 
+    grad = torch.is_grad_enabled()
     try:
         with budget, torch.random.fork_rng(devices=[]):
             model = builders[name](**arguments)
@@ -624,6 +628,8 @@ def _build(config: dict[str, Any], header: dict[str, Any], body: bytes, where: s
             f"load_model: expected arguments that {name} accepts in the config of {where}, got an error: "
             f"{type(error).__name__}: {error}"
         ) from error
+    finally:
+        torch.set_grad_enabled(grad)  # a builder stopped inside a no_grad block must not leave it disabled
     return model
 
 

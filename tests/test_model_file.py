@@ -347,3 +347,14 @@ def test_a_bad_map_location_is_refused_for_a_checkpoint_too(tmp_path: Path) -> N
     with pytest.raises(ModelFileError, match="expected map_location"):
         load_model(path, map_location="no-such-device")
     assert type(load_model(path, map_location=torch.device("cpu"))) is RealNVP
+
+
+def test_a_refused_build_leaves_grad_mode_and_random_state_alone(tmp_path: Path) -> None:
+    path, config = _saved(tmp_path)
+    _resign(path, {**config, "arguments": {**config["arguments"], "transforms": 4000}})
+    torch.manual_seed(3)
+    expected = torch.rand(3)
+    torch.manual_seed(3)
+    with pytest.raises(ModelFileError, match="builds a model larger than its weights"):
+        load_model(tmp_path)
+    assert torch.is_grad_enabled() and torch.equal(torch.rand(3), expected)
