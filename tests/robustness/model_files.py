@@ -9,7 +9,7 @@ through :func:`flows.load_model`:
   float for a string), digests recomputed: refused against the builder's annotations;
 * ``resigned-huge/<argument>``: an integer (or list of integers) argument set to 10^9 in both files,
   the config digest recomputed as an editor would: refused before anything that size is built;
-  ``resigned-large/<argument>``: set to the number of stored weights, the most the size bound lets
+  ``resigned-large/<argument>``: set to max(stored weights, 4096), the most the size bound lets
   through, so that the builder's allocation budget (or the tensor comparison) must refuse it (an
   argument the built model does not use, such as ``embedding`` without a shared conditioner, may
   load: then it must give the saved density);
@@ -174,7 +174,7 @@ def _files(name: str) -> dict[str, Callable[[], tuple[bytes, str | None]]]:
 
             def large(argument=argument, value=value):  # the most the size bound lets through: the build budget
                 config = _config(name)
-                stored = sum(v.numel() for v in _tensors(name).values())
+                stored = max(sum(v.numel() for v in _tensors(name).values()), 4096)  # the size bound of load_model
                 config["arguments"][argument] = [stored] * len(value) if isinstance(value, list) else stored
                 return _resigned(config, _tensors(name))
 
