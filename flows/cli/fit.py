@@ -316,7 +316,7 @@ def _fit(args: argparse.Namespace) -> int:
         return 1
     model = trainer.model
     model_path = save_model(model, out / "model.ckpt", config, info={"data": spec, "data_fingerprint": fingerprint})
-    model_file = _write_model_file(model, out)
+    model_file = _write_model_file(model, out, {"data": spec, "data_fingerprint": fingerprint})
     epochs = trainer.history.last().get("epoch", trainer.epoch)
     result = {"epochs": epochs, "steps": trainer.step, "train_seconds": round(trainer.elapsed, 2)}
     if data.test is not None:
@@ -408,12 +408,12 @@ def _json_number(value: object) -> object:
     return str(value) if isinstance(value, float) and not math.isfinite(value) else value
 
 
-def _write_model_file(model: torch.nn.Module, out: Path) -> Path | None:
+def _write_model_file(model: torch.nn.Module, out: Path, info: dict) -> Path | None:
     """Write ``model.safetensors`` and ``model.json`` in ``out`` (None, with a note, if no config fits)."""
     from flows.model_file import ModelFileError, save_model
 
     try:
-        return save_model(model, out)
+        return save_model(model, out, info=info)
     except ModelFileError as error:
         print(f"flows fit: no model.safetensors written: {error}", file=sys.stderr)
         return None

@@ -29,6 +29,7 @@ def test_ids_are_unique_and_cover_every_family() -> None:
         "target",
         "mcmc",
         "checkpoint",
+        "model-file",
         "cli",
         "kill",
         "concurrency",
