@@ -37,8 +37,26 @@ statuses), one module per command (:mod:`~flows.cli.fit`, :mod:`~flows.cli.evalu
 that command runs, and :mod:`flows.cli.commands`, the table from command name to function.
 """
 
-from flows.cli.app import main
-from flows.cli.exit_codes import EXIT_CODES
-from flows.cli.parser import _parser  # noqa: F401  (the tests walk the parser)
+from __future__ import annotations
+
+from typing import Any
 
 __all__ = ["EXIT_CODES", "main"]
+
+# Imported when first used (PEP 562), so that ``flows/__init__.py`` can import ``flows.cli._interrupt`` before torch.
+_LAZY = {"main": "flows.cli.app", "EXIT_CODES": "flows.cli.exit_codes", "_parser": "flows.cli.parser"}
+
+
+def __getattr__(name: str) -> Any:
+    """``main``, ``EXIT_CODES`` and ``_parser`` (the tests walk the parser), imported on first use."""
+    if name in _LAZY:
+        import importlib
+
+        value = getattr(importlib.import_module(_LAZY[name]), name)
+        globals()[name] = value
+        return value
+    raise AttributeError(f"module {__name__!r} has no attribute {name!r}")
+
+
+def __dir__() -> list[str]:
+    return sorted([*globals(), *_LAZY])
