@@ -122,6 +122,8 @@ def fit(args: argparse.Namespace) -> int:
     if distributed and int(os.environ["RANK"]) != 0:
         return _fit(args)
     _check_writable_directory(out, "--out")  # before the lock file creates the directory
+    if not (args.resume or args.overwrite):
+        _refuse_foreign_files(out)  # before the lock file appears beside a user's files (checked again under it)
     created = not out.exists()
     try:
         with hold_run_lock(out / "checkpoint.ckpt"):
@@ -399,10 +401,15 @@ def _refuse_foreign_files(out: Path) -> None:
     found = [p.name for p in run_files_in(out)]
     if not found:
         return
-    what = "a run" if "checkpoint.ckpt" in found or "run.json" in found else "files of the names a run writes"
+    listed = ", ".join(found)
+    if "checkpoint.ckpt" in found or "run.json" in found:
+        raise ValueError(
+            f"{str(out)!r} already holds a run ({listed}); pass --resume to continue it, --overwrite to replace all "
+            "of flows fit's files in it, or another --out"
+        )
     raise ValueError(
-        f"--out {str(out)!r}: expected a directory without flows fit's output files, got {what} ({', '.join(found)}); "
-        "pass --resume to continue a run there, --overwrite to replace all of flows fit's files in it, or another --out"
+        f"--out {str(out)!r}: expected a directory without the files flows fit writes, got {listed} (no run of "
+        "flows wrote them: they are kept); pass --overwrite to replace them, or another --out"
     )
 
 
