@@ -113,7 +113,7 @@ STOP_FLAGS = ("epochs", "time_budget")
 
 def fit(args: argparse.Namespace) -> int:
     """``flows fit``, holding the run directory's lock (one writer per run) around all of it on the main process."""
-    from flows.train._atomic import remove_stale_temporaries
+    from flows.train._atomic import naming_os_errors, remove_stale_temporaries
     from flows.train._lock import hold_run_lock, lock_path
     from flows.train.runs import RUN_FILES
 
@@ -126,7 +126,9 @@ def fit(args: argparse.Namespace) -> int:
         _refuse_foreign_files(out)  # before the lock file appears beside a user's files (checked again under it)
     created = not out.exists()
     try:
-        with hold_run_lock(out / "checkpoint.ckpt"):
+        with contextlib.ExitStack() as held:
+            with naming_os_errors(lock_path(out / "checkpoint.ckpt")):  # only its creation: a full disk names it
+                held.enter_context(hold_run_lock(out / "checkpoint.ckpt"))
             for name in RUN_FILES:  # left by a killed run's atomic writes (of its own files only); no other writer
                 remove_stale_temporaries(out, name)
             return _fit(args)

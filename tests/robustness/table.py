@@ -210,9 +210,9 @@ def workspace() -> Path:
 
 def all_attacks(families: tuple[str, ...] | None = None) -> list[Attack]:
     """Every attack of the table (optionally only some families), ids unique and stable."""
-    from tests.robustness import api, cli, files
+    from tests.robustness import api, cli, files, outdir
 
-    attacks = [*api.attacks(), *files.attacks(), *cli.attacks()]
+    attacks = [*api.attacks(), *files.attacks(), *cli.attacks(), *outdir.attacks()]
     if families is not None:
         attacks = [a for a in attacks if a.family in families]
     ids = [a.id for a in attacks]

@@ -32,6 +32,7 @@ def test_ids_are_unique_and_cover_every_family() -> None:
         "cli",
         "kill",
         "concurrency",
+        "outdir",
     }
 
 
