@@ -336,7 +336,8 @@ def _fit(args: argparse.Namespace) -> int:
     if worse:
         print(
             f"flows fit: error: training diverged: {worse}; no model file was written ({str(checkpoint)!r} holds the "
-            f"last training state). Lower --lr (now {args.lr:g}) or clip gradients with --clip",
+            f"last training state). Lower --lr (now {args.lr:g}), clip gradients with --clip, or check the data and "
+            "the objective's flags",
             file=sys.stderr,
         )
         return 1
