@@ -174,7 +174,7 @@ def _fit(args: argparse.Namespace) -> int:
     out = args.out or Path("runs") / Path(str(args.data)).stem
     _check_writable_directory(out, "--out")
     checkpoint = out / "checkpoint.ckpt"
-    if not (args.resume or args.overwrite):
+    if main_process and not (args.resume or args.overwrite):  # again, under the lock
         _refuse_foreign_files(out)
     replace = args.overwrite and not args.resume  # the old run's files go before this run writes its first one
     if args.resume and not checkpoint.exists():
