@@ -231,6 +231,24 @@ def test_guard_state_dict_keeps_the_rollbacks_in_a_row_and_reads_older_checkpoin
     assert again.rollbacks_in_a_row == 0
 
 
+@pytest.mark.skipif(not hasattr(signal, "SIGHUP"), reason="SIGHUP is POSIX")
+def test_sighup_stops_training_at_a_step_boundary_like_sigint(tmp_path: Path) -> None:
+    """A closed terminal (SIGHUP) stops like Ctrl-C: a whole number of steps in the checkpoint, the signal recorded."""
+
+    class _HangUp(Callback):
+        def on_step_end(self, trainer, metrics) -> None:
+            if trainer.step == 3:
+                os.kill(os.getpid(), signal.SIGHUP)
+
+    previous = signal.getsignal(signal.SIGHUP)
+    trainer = Trainer(_model(), lr=1e-2, checkpoint=tmp_path / "run.ckpt", callbacks=[_HangUp()])
+    trainer.fit(_data(), epochs=5, batch_size=25)
+    assert trainer.interrupted == signal.SIGHUP and trainer.step == 3
+    assert signal.getsignal(signal.SIGHUP) == previous  # the handler is put back
+    resumed = Trainer(_model(), lr=1e-2, callbacks=[_HangUp()]).resume(tmp_path / "run.ckpt")
+    assert resumed.step == 3
+
+
 # -- 3. early stopping keeps the best weights whatever the patience --------------------------------------------------
 @pytest.mark.parametrize(("patience", "epochs"), [(0, [1, 2, 3]), (2, [1, 2, 3, 4]), (None, [1, 2, 3, 4, 5])])
 def test_early_stopping_counts_patience_exactly_and_always_ends_with_the_best_weights(patience, epochs) -> None:
