@@ -67,7 +67,10 @@ def main(argv: Sequence[str] | None = None) -> int:
         from flows.cli.commands import command
 
         with _one_line_warnings(args.command):
-            return command(args.command)(args)
+            status = command(args.command)(args)
+        if status == 130:  # stopped by a signal: more of them while the process exits must not give a traceback
+            _interrupt.ignore_further()
+        return status
     except TrainingDiverged as error:
         return _fail(args.command, error, 1)
     except (ValueError, TypeError, CheckpointError, ImportError, RuntimeError, MemoryError) as error:

@@ -323,6 +323,9 @@ def _fit(args: argparse.Namespace) -> int:
         trainer.release_distributed()  # the DDP wrapper must go before the process group does
         cleanup_distributed()
     if trainer.interrupted is not None:
+        from flows.cli import _interrupt
+
+        _interrupt.ignore_further()  # stopping: a second Ctrl-C now would only lose this message and the status
         if main_process:
             print(
                 f"flows fit: stopped by signal {trainer.interrupted}; {str(checkpoint)!r} holds the state at step "
