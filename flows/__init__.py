@@ -11,6 +11,11 @@ prints its own results.
 
 import logging as _logging
 
+# first: in the `flows` command, Ctrl-C while the rest imports gives one line and exit 130 (see the module)
+from flows.cli import _interrupt as _cli_interrupt  # noqa: F401
+
+# isort: split
+
 from flows import classify
 from flows.architectures import FFJORD, IAF, MAF, NICE, NSF, FreeFormInjectiveFlow, Glow, RealNVP, TarFlow
 from flows.architectures.dependent import DependentFlow, MatrixNormal

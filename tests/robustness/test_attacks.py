@@ -36,6 +36,7 @@ def test_ids_are_unique_and_cover_every_family() -> None:
         "metric",
         "particles",
         "distribution",
+        "outdir",
     }
 
 
