@@ -13,6 +13,7 @@ from flows.bijections.injective import FreeFormInjective, InjectiveLinear, half_
 from flows.bijections.linear import LULinear
 from flows.bijections.multiscale import Flatten, Split, Squeeze
 from flows.bijections.normalization import ActNorm, ActNorm2d, BatchNorm
+from flows.bijections.numerical_inverse import NumericalInverseError, fixed_point_inverse, monotone_inverse
 from flows.bijections.permutation import Permutation, Reverse
 from flows.bijections.splines import RationalQuadraticSpline
 from flows.bijections.standardize import Standardize
@@ -50,6 +51,7 @@ __all__ = [
     "Logit",
     "MaskedAutoregressive",
     "MetropolisBlock",
+    "NumericalInverseError",
     "Permutation",
     "RationalQuadraticSpline",
     "Reverse",
@@ -62,8 +64,10 @@ __all__ = [
     "TorchTransform",
     "Transformer",
     "alternating_mask",
+    "fixed_point_inverse",
     "half_log_det_gram",
     "half_mask",
+    "monotone_inverse",
     "orthogonal_probes",
     "total_nfe",
 ]
