@@ -14,6 +14,7 @@ from flows.bijections.linear import LULinear
 from flows.bijections.multiscale import Flatten, Split, Squeeze
 from flows.bijections.normalization import ActNorm, ActNorm2d, BatchNorm
 from flows.bijections.numerical_inverse import NumericalInverseError, fixed_point_inverse, monotone_inverse
+from flows.bijections.orthogonal import Householder, QRLinear, SVDLinear, householder_matrix
 from flows.bijections.permutation import Permutation, Reverse
 from flows.bijections.splines import RationalQuadraticSpline
 from flows.bijections.standardize import Standardize
@@ -42,6 +43,7 @@ __all__ = [
     "Flatten",
     "FreeFormInjective",
     "HMCBlock",
+    "Householder",
     "InjectiveLinear",
     "Inverse",
     "InverseNotAvailable",
@@ -53,8 +55,10 @@ __all__ = [
     "MetropolisBlock",
     "NumericalInverseError",
     "Permutation",
+    "QRLinear",
     "RationalQuadraticSpline",
     "Reverse",
+    "SVDLinear",
     "SharedBlocks",
     "Sigmoid",
     "Split",
@@ -67,6 +71,7 @@ __all__ = [
     "fixed_point_inverse",
     "half_log_det_gram",
     "half_mask",
+    "householder_matrix",
     "monotone_inverse",
     "orthogonal_probes",
     "total_nfe",
