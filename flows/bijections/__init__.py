@@ -16,6 +16,7 @@ from flows.bijections.normalization import ActNorm, ActNorm2d, BatchNorm
 from flows.bijections.numerical_inverse import NumericalInverseError, fixed_point_inverse, monotone_inverse
 from flows.bijections.orthogonal import Householder, QRLinear, SVDLinear, householder_matrix
 from flows.bijections.permutation import Permutation, Reverse
+from flows.bijections.planar import Planar, Radial, Sylvester
 from flows.bijections.splines import RationalQuadraticSpline
 from flows.bijections.standardize import Standardize
 from flows.bijections.stochastic import HMCBlock, LangevinBlock, MetropolisBlock, StochasticBlock
@@ -55,7 +56,9 @@ __all__ = [
     "MetropolisBlock",
     "NumericalInverseError",
     "Permutation",
+    "Planar",
     "QRLinear",
+    "Radial",
     "RationalQuadraticSpline",
     "Reverse",
     "SVDLinear",
@@ -65,6 +68,7 @@ __all__ = [
     "Squeeze",
     "Standardize",
     "StochasticBlock",
+    "Sylvester",
     "TorchTransform",
     "Transformer",
     "alternating_mask",
