@@ -11,6 +11,14 @@ from flows.bijections.eiw import EIWShuffle, EntropyPermutation
 from flows.bijections.elementwise import Affine, Elementwise, Logit, Sigmoid
 from flows.bijections.injective import FreeFormInjective, InjectiveLinear, half_log_det_gram, orthogonal_probes
 from flows.bijections.linear import LULinear
+from flows.bijections.monotone import (
+    BernsteinTransformer,
+    DeepSigmoidTransformer,
+    MonotoneTransformer,
+    SOSPolynomialTransformer,
+    UMNNTransformer,
+    clenshaw_curtis,
+)
 from flows.bijections.multiscale import Flatten, Split, Squeeze
 from flows.bijections.normalization import ActNorm, ActNorm2d, BatchNorm
 from flows.bijections.numerical_inverse import NumericalInverseError, fixed_point_inverse, monotone_inverse
@@ -33,11 +41,13 @@ __all__ = [
     "AffineCoupling",
     "AffineTransformer",
     "BatchNorm",
+    "BernsteinTransformer",
     "Bijection",
     "Chain",
     "CirculantDiagonal",
     "CirculantDiagonal2d",
     "Coupling",
+    "DeepSigmoidTransformer",
     "EIWShuffle",
     "Elementwise",
     "EntropyPermutation",
@@ -54,6 +64,7 @@ __all__ = [
     "Logit",
     "MaskedAutoregressive",
     "MetropolisBlock",
+    "MonotoneTransformer",
     "NumericalInverseError",
     "Permutation",
     "Planar",
@@ -61,6 +72,7 @@ __all__ = [
     "Radial",
     "RationalQuadraticSpline",
     "Reverse",
+    "SOSPolynomialTransformer",
     "SVDLinear",
     "SharedBlocks",
     "Sigmoid",
@@ -71,7 +83,9 @@ __all__ = [
     "Sylvester",
     "TorchTransform",
     "Transformer",
+    "UMNNTransformer",
     "alternating_mask",
+    "clenshaw_curtis",
     "fixed_point_inverse",
     "half_log_det_gram",
     "half_mask",
