@@ -11,7 +11,7 @@ prints its own results.
 
 import logging as _logging
 
-from flows.architectures import FFJORD, IAF, MAF, NICE, NSF, FreeFormInjectiveFlow, Glow, RealNVP
+from flows.architectures import BPF, FFJORD, IAF, MAF, NAF, NICE, NSF, SOSPF, UNAF, FreeFormInjectiveFlow, Glow, RealNVP
 from flows.architectures.dependent import DependentFlow, MatrixNormal
 from flows.bijections import *  # noqa: F403  (every layer: the one list is flows.bijections.__all__)
 from flows.bijections import __all__ as _bijections_all
@@ -28,6 +28,7 @@ _logging.getLogger(__name__).addHandler(_logging.NullHandler())
 
 __all__ = [
     *_bijections_all,
+    "BPF",
     "FFJORD",
     "IAF",
     "MADE",
@@ -35,6 +36,9 @@ __all__ = [
     "MLP",
     "NICE",
     "NSF",
+    "NAF",
+    "SOSPF",
+    "UNAF",
     "AuxiliaryLosses",
     "BijectionCheckError",
     "ConvNet",

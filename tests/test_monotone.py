@@ -104,3 +104,38 @@ def test_wrong_parameter_width_is_refused() -> None:
 def test_bad_constructor_arguments(make, message: str) -> None:
     with pytest.raises(ValueError, match=message):
         make()
+
+
+@pytest.mark.parametrize(
+    ("name", "options"),
+    [
+        ("NAF", {"sigmoids": 3}),
+        ("UNAF", {"embedding": 2, "integrand": (8,), "nodes": 8}),
+        ("SOSPF", {"degree": 1, "squares": 2}),
+        ("BPF", {"degree": 4, "bound": 3.0}),
+    ],
+)
+def test_builders_sample_with_the_density_of_their_samples(name: str, options: dict) -> None:
+    """sample_and_log_prob (numerical inverse) agrees with log_prob (closed-form forward) on the samples."""
+    import flows
+
+    torch.manual_seed(0)
+    flow = getattr(flows, name)(3, 2, transforms=2, hidden=(8,), **options).double()
+    with torch.no_grad():
+        for p in flow.parameters():
+            p.add_(0.2 * torch.randn_like(p))
+    context = torch.randn(5, 2, dtype=torch.float64)
+    x, log_p = flow.sample_and_log_prob((4,), context=context)  # 4 samples per context row
+    assert x.shape == (4, 5, 3)
+    torch.testing.assert_close(log_p, flow.log_prob(x, context=context), atol=1e-8, rtol=1e-8)
+
+
+def test_builders_refuse_bad_options_by_name() -> None:
+    import flows
+
+    with pytest.raises(ValueError, match="NAF: expected sigmoids to be an int >= 1, got 0"):
+        flows.NAF(2, sigmoids=0)
+    with pytest.raises(ValueError, match="SOSPF: expected squares to be an int >= 1, got 0"):
+        flows.SOSPF(2, squares=0)
+    with pytest.raises(TypeError, match=r"UNAF \(integrand\): expected hidden"):
+        flows.UNAF(2, integrand=8)

@@ -8,5 +8,19 @@ from flows.architectures.continuous import FFJORD
 from flows.architectures.coupling import NICE, RealNVP
 from flows.architectures.glow import Glow
 from flows.architectures.injective import FreeFormInjectiveFlow
+from flows.architectures.monotone import BPF, NAF, SOSPF, UNAF
 
-__all__ = ["FFJORD", "IAF", "MAF", "NICE", "NSF", "FreeFormInjectiveFlow", "Glow", "RealNVP"]
+__all__ = [
+    "BPF",
+    "FFJORD",
+    "IAF",
+    "MAF",
+    "NAF",
+    "NICE",
+    "NSF",
+    "SOSPF",
+    "UNAF",
+    "FreeFormInjectiveFlow",
+    "Glow",
+    "RealNVP",
+]
