@@ -13,6 +13,7 @@ import logging as _logging
 
 from flows.architectures import BPF, FFJORD, IAF, MAF, NAF, NICE, NSF, SOSPF, UNAF, FreeFormInjectiveFlow, Glow, RealNVP
 from flows.architectures.dependent import DependentFlow, MatrixNormal
+from flows.architectures.residual import ResidualFlow
 from flows.bijections import *  # noqa: F403  (every layer: the one list is flows.bijections.__all__)
 from flows.bijections import __all__ as _bijections_all
 from flows.bijections.auxiliary import AuxiliaryLosses, add_auxiliary_loss
@@ -52,6 +53,7 @@ __all__ = [
     "MatrixNormal",
     "PooledMLP",
     "RealNVP",
+    "ResidualFlow",
     "StandardNormal",
     "TimeMLP",
     "TorchDistribution",

@@ -9,6 +9,7 @@ from flows.architectures.coupling import NICE, RealNVP
 from flows.architectures.glow import Glow
 from flows.architectures.injective import FreeFormInjectiveFlow
 from flows.architectures.monotone import BPF, NAF, SOSPF, UNAF
+from flows.architectures.residual import ResidualFlow
 
 __all__ = [
     "BPF",
@@ -23,4 +24,5 @@ __all__ = [
     "FreeFormInjectiveFlow",
     "Glow",
     "RealNVP",
+    "ResidualFlow",
 ]

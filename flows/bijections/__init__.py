@@ -25,6 +25,7 @@ from flows.bijections.numerical_inverse import NumericalInverseError, fixed_poin
 from flows.bijections.orthogonal import Householder, QRLinear, SVDLinear, householder_matrix
 from flows.bijections.permutation import Permutation, Reverse
 from flows.bijections.planar import Planar, Radial, Sylvester
+from flows.bijections.residual import LipSwish, ResidualBlock, SpectralLinear, roulette_log_det
 from flows.bijections.splines import RationalQuadraticSpline
 from flows.bijections.standardize import Standardize
 from flows.bijections.stochastic import HMCBlock, LangevinBlock, MetropolisBlock, StochasticBlock
@@ -61,6 +62,7 @@ __all__ = [
     "Invertible1x1Conv",
     "LULinear",
     "LangevinBlock",
+    "LipSwish",
     "Logit",
     "MaskedAutoregressive",
     "MetropolisBlock",
@@ -71,11 +73,13 @@ __all__ = [
     "QRLinear",
     "Radial",
     "RationalQuadraticSpline",
+    "ResidualBlock",
     "Reverse",
     "SOSPolynomialTransformer",
     "SVDLinear",
     "SharedBlocks",
     "Sigmoid",
+    "SpectralLinear",
     "Split",
     "Squeeze",
     "Standardize",
@@ -92,5 +96,6 @@ __all__ = [
     "householder_matrix",
     "monotone_inverse",
     "orthogonal_probes",
+    "roulette_log_det",
     "total_nfe",
 ]

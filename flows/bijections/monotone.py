@@ -209,8 +209,10 @@ class UMNNTransformer(MonotoneTransformer):
         super().__init__(atol=atol, max_iter=max_iter)
         if isinstance(embedding, bool) or not isinstance(embedding, int) or embedding < 0:
             raise ValueError(f"UMNNTransformer: expected embedding to be an int >= 0, got {embedding!r}")
-        if isinstance(hidden, (str, bytes)) or not all(
-            isinstance(h, int) and not isinstance(h, bool) and h >= 1 for h in hidden
+        if (
+            isinstance(hidden, (str, bytes))
+            or not isinstance(hidden, Sequence)
+            or not all(isinstance(h, int) and not isinstance(h, bool) and h >= 1 for h in hidden)
         ):
             raise ValueError(f"UMNNTransformer: expected hidden to be a sequence of positive ints, got {hidden!r}")
         nodes_, weights = clenshaw_curtis(nodes)
