@@ -208,7 +208,7 @@ def fixed_point_inverse(
     x0: Tensor | None = None,
     atol: float | None = None,
     rtol: float | None = None,
-    max_iter: int = 500,
+    max_iter: int = 1000,
     event_ndim: int = 1,
     who: str = "fixed_point_inverse",
 ) -> Tensor:
