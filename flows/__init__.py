@@ -11,7 +11,21 @@ prints its own results.
 
 import logging as _logging
 
-from flows.architectures import BPF, FFJORD, IAF, MAF, NAF, NICE, NSF, SOSPF, UNAF, FreeFormInjectiveFlow, Glow, RealNVP
+from flows.architectures import (
+    BNAF,
+    BPF,
+    FFJORD,
+    IAF,
+    MAF,
+    NAF,
+    NICE,
+    NSF,
+    SOSPF,
+    UNAF,
+    FreeFormInjectiveFlow,
+    Glow,
+    RealNVP,
+)
 from flows.architectures.dependent import DependentFlow, MatrixNormal
 from flows.architectures.residual import ResidualFlow
 from flows.bijections import *  # noqa: F403  (every layer: the one list is flows.bijections.__all__)
@@ -29,6 +43,7 @@ _logging.getLogger(__name__).addHandler(_logging.NullHandler())
 
 __all__ = [
     *_bijections_all,
+    "BNAF",
     "BPF",
     "FFJORD",
     "IAF",

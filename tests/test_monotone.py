@@ -113,6 +113,7 @@ def test_bad_constructor_arguments(make, message: str) -> None:
         ("UNAF", {"embedding": 2, "integrand": (8,), "nodes": 8}),
         ("SOSPF", {"degree": 1, "squares": 2}),
         ("BPF", {"degree": 4, "bound": 3.0}),
+        ("BNAF", {}),
     ],
 )
 def test_builders_sample_with_the_density_of_their_samples(name: str, options: dict) -> None:
@@ -139,3 +140,14 @@ def test_builders_refuse_bad_options_by_name() -> None:
         flows.SOSPF(2, squares=0)
     with pytest.raises(TypeError, match=r"UNAF \(integrand\): expected hidden"):
         flows.UNAF(2, integrand=8)
+
+
+def test_block_autoregressive_jacobian_is_lower_triangular() -> None:
+    import flows
+
+    torch.manual_seed(3)
+    t = flows.BlockAutoregressive(4, hidden=(3, 3)).double()
+    x = torch.randn(4, dtype=torch.float64)
+    jac = torch.autograd.functional.jacobian(t, x)
+    assert torch.equal(torch.triu(jac, 1), torch.zeros_like(jac))
+    assert (torch.diagonal(jac) > 0).all()

@@ -8,10 +8,11 @@ from flows.architectures.continuous import FFJORD
 from flows.architectures.coupling import NICE, RealNVP
 from flows.architectures.glow import Glow
 from flows.architectures.injective import FreeFormInjectiveFlow
-from flows.architectures.monotone import BPF, NAF, SOSPF, UNAF
+from flows.architectures.monotone import BNAF, BPF, NAF, SOSPF, UNAF
 from flows.architectures.residual import ResidualFlow
 
 __all__ = [
+    "BNAF",
     "BPF",
     "FFJORD",
     "IAF",

@@ -2,6 +2,7 @@
 
 from flows.bijections.autoregressive import MaskedAutoregressive
 from flows.bijections.base import Bijection, Chain, Inverse, InverseNotAvailable
+from flows.bijections.block_autoregressive import BlockAutoregressive
 from flows.bijections.blockwise import SharedBlocks
 from flows.bijections.circulant import CirculantDiagonal, CirculantDiagonal2d
 from flows.bijections.continuous import CNF, total_nfe
@@ -44,6 +45,7 @@ __all__ = [
     "BatchNorm",
     "BernsteinTransformer",
     "Bijection",
+    "BlockAutoregressive",
     "Chain",
     "CirculantDiagonal",
     "CirculantDiagonal2d",

@@ -65,3 +65,14 @@ CASES = [
         perturb=0.3,
     ),
 ]
+
+CASES += [
+    Case("block-autoregressive", _seeded(lambda: flows.BlockAutoregressive(3, hidden=(4,))), (3,), perturb=0.3),
+    Case(
+        "block-autoregressive-deep-context",
+        _seeded(lambda: flows.BlockAutoregressive(3, 2, hidden=(3, 3))),
+        (3,),
+        context=2,
+        perturb=0.3,
+    ),
+]
