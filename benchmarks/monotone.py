@@ -14,7 +14,7 @@ All: 3 autoregressive layers with (64, 64) MADEs, Adam lr 1e-3, batch 256, two m
 contender trains for ``--budget`` seconds of its own step time; steps are interleaved in chunks
 of ``--chunk`` steps (the contender with the least training time so far goes next), so that load
 from other processes hits all alike. Reported: test NLL (nats, ± its standard error over the test
-rows), steps taken, median step time, median time to draw 1000 samples (3 repeats), and the step
+rows), steps taken, median step time, median time to draw ``--samples`` (1000) samples (3 repeats), and the step
 time relative to the zuko contender of the same family.
 
     python benchmarks/monotone.py --budget 60          # ~8 minutes on a shared 2-core machine
@@ -90,7 +90,7 @@ def _make(contender: str):
 class _Run:
     """One contender's model, optimiser, data stream and measurements."""
 
-    def __init__(self, contender: str, train: torch.Tensor, seed: int, batch: int) -> None:
+    def __init__(self, contender: str, train: torch.Tensor, seed: int, batch: int, samples: int) -> None:
         torch.manual_seed(seed)
         self.name = contender
         self.model, self.log_prob, self.sample = _make(contender)
@@ -99,7 +99,7 @@ class _Run:
         self.generator = torch.Generator().manual_seed(seed)
         self.step_times: list[float] = []
         self.spent = 0.0
-        self.sample_size = 1000
+        self.sample_size = samples
 
     def steps(self, n: int) -> None:
         self.model.train()
@@ -138,11 +138,12 @@ def main(argv: list[str] | None = None) -> dict[str, dict[str, float]]:
     parser.add_argument("--chunk", type=int, default=20, help="steps per interleaved turn")
     parser.add_argument("--batch", type=int, default=256)
     parser.add_argument("--seed", type=int, default=0)
+    parser.add_argument("--samples", type=int, default=1000, help="draws timed for the sampling column")
     parser.add_argument("--contenders", nargs="+", default=list(CONTENDERS), choices=CONTENDERS)
     args = parser.parse_args(argv)
     torch.set_num_threads(1)
     train, test = _moons(args.seed)
-    runs = [_Run(c, train, args.seed, args.batch) for c in args.contenders]
+    runs = [_Run(c, train, args.seed, args.batch, args.samples) for c in args.contenders]
     while True:
         active = [r for r in runs if r.spent < args.budget]
         if not active:
