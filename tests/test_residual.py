@@ -67,7 +67,8 @@ def test_eval_mode_uses_the_exact_log_det_even_with_the_estimator() -> None:
 
 
 def test_every_layer_respects_the_spectral_bound() -> None:
-    block = _block()
+    """In evaluation the power iteration runs to convergence: the bound holds to rounding."""
+    block = _block().eval()
     for layer in block.layers:
         sigma = torch.linalg.matrix_norm(layer.normalized_weight().detach(), ord=2).item()
         assert sigma <= 0.9 * (1 + 1e-9)

@@ -78,10 +78,11 @@ class SpectralLinear(nn.Module):
     r"""Spectrally normalised linear layer :math:`W' x + b` with :math:`W' = W \min(1, c/\hat\sigma)`.
 
     :math:`\hat\sigma = u^\top W v` by power iteration (Miyato et al. 2018) run to convergence
-    (relative change below ``1e-12`` in float64, ``1e-6`` otherwise; at most ``max_iter`` steps)
-    from the vectors kept in the buffers ``u`` and ``v``, which only warm-start the next call
-    (they are updated in training mode only): the value is the same (to the tolerance) whatever
-    their state, so there is no stale cache in the log-det path.
+    (relative change below ``1e-12`` in float64, ``1e-6`` otherwise; at most ``max_iter`` steps in
+    evaluation mode, ``train_iter`` in training mode) from the vectors kept in the buffers ``u``
+    and ``v``, which only warm-start the next call (they are updated in training mode only): in
+    evaluation the value is the same (to the tolerance) whatever their state, so there is no stale
+    cache in the log-det path.
     The gradient flows through :math:`u^\top W v` with :math:`u, v` held fixed (the exact gradient of
     :math:`\sigma_1` at the singular vectors). With ``context`` inputs, only the block acting on
     :math:`x` is normalised (Lipschitz in :math:`x` is what invertibility needs).
@@ -91,11 +92,20 @@ class SpectralLinear(nn.Module):
         out_features: output width.
         coefficient: ``c``, the bound on the spectral norm.
         context: extra (unconstrained) input width.
-        max_iter: most power iterations per call.
+        max_iter: most power iterations per call in evaluation mode (and at construction).
+        train_iter: most power iterations per call in training mode, where the weights move a
+            little per step and the warm start is close (Miyato et al. use one).
     """
 
     def __init__(
-        self, in_features: int, out_features: int, *, coefficient: float = 0.97, context: int = 0, max_iter: int = 200
+        self,
+        in_features: int,
+        out_features: int,
+        *,
+        coefficient: float = 0.97,
+        context: int = 0,
+        max_iter: int = 200,
+        train_iter: int = 10,
     ) -> None:
         super().__init__()
         layer = nn.Linear(in_features + context, out_features)
@@ -106,21 +116,25 @@ class SpectralLinear(nn.Module):
         self.max_iter = max_iter
         self.register_buffer("u", F.normalize(torch.randn(out_features), dim=0))
         self.register_buffer("v", F.normalize(torch.randn(in_features), dim=0))
+        self.train_iter = train_iter
+        self._power_iteration(self.max_iter, store=True)  # converged at construction
 
     @torch.no_grad()
-    def _power_iteration(self) -> tuple[Tensor, Tensor]:
+    def _power_iteration(self, limit: int | None = None, *, store: bool | None = None) -> tuple[Tensor, Tensor]:
         w = self.weight.detach()
         u, v = self.u.to(w), self.v.to(w)
         tol = 1e-12 if w.dtype == torch.float64 else 1e-6
         sigma = None
-        for _ in range(self.max_iter):
+        if limit is None:
+            limit = self.train_iter if self.training else self.max_iter
+        for _ in range(limit):
             v = F.normalize(w.T @ u, dim=0)
             u = F.normalize(w @ v, dim=0)
             new = u @ w @ v
             if sigma is not None and (new - sigma).abs() <= tol * new.abs():
                 break
             sigma = new
-        if self.training:  # warm start for the next step; evaluation stays a pure function of the state
+        if self.training if store is None else store:  # warm start; evaluation stays a pure function of the state
             self.u.copy_(u)
             self.v.copy_(v)
         return u, v
