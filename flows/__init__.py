@@ -17,8 +17,24 @@ from flows.cli import _interrupt as _cli_interrupt  # noqa: F401
 # isort: split
 
 from flows import classify
-from flows.architectures import FFJORD, IAF, MAF, NICE, NSF, FreeFormInjectiveFlow, Glow, RealNVP, TarFlow
+from flows.architectures import (
+    BNAF,
+    BPF,
+    FFJORD,
+    IAF,
+    MAF,
+    NAF,
+    NICE,
+    NSF,
+    SOSPF,
+    UNAF,
+    FreeFormInjectiveFlow,
+    Glow,
+    RealNVP,
+    TarFlow,
+)
 from flows.architectures.dependent import DependentFlow, MatrixNormal
+from flows.architectures.residual import ResidualFlow
 from flows.bijections import *  # noqa: F403  (every layer: the one list is flows.bijections.__all__)
 from flows.bijections import __all__ as _bijections_all
 from flows.bijections.auxiliary import AuxiliaryLosses, add_auxiliary_loss
@@ -35,6 +51,8 @@ _logging.getLogger(__name__).addHandler(_logging.NullHandler())
 
 __all__ = [
     *_bijections_all,
+    "BNAF",
+    "BPF",
     "FFJORD",
     "IAF",
     "MADE",
@@ -42,6 +60,9 @@ __all__ = [
     "MLP",
     "NICE",
     "NSF",
+    "NAF",
+    "SOSPF",
+    "UNAF",
     "AuxiliaryLosses",
     "BijectionCheckError",
     "ConvNet",
@@ -55,6 +76,7 @@ __all__ = [
     "MatrixNormal",
     "PooledMLP",
     "RealNVP",
+    "ResidualFlow",
     "StandardNormal",
     "TarFlow",
     "TimeMLP",
