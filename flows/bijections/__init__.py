@@ -10,6 +10,7 @@ from flows.bijections.coupling import AdditiveCoupling, AffineCoupling, Coupling
 from flows.bijections.eiw import EIWShuffle, EntropyPermutation
 from flows.bijections.elementwise import Affine, Elementwise, Logit, Sigmoid
 from flows.bijections.injective import FreeFormInjective, InjectiveLinear, half_log_det_gram, orthogonal_probes
+from flows.bijections.internal_coordinates import InternalCoordinates
 from flows.bijections.linear import LULinear
 from flows.bijections.multiscale import Flatten, Split, Squeeze
 from flows.bijections.normalization import ActNorm, ActNorm2d, BatchNorm
@@ -42,6 +43,7 @@ __all__ = [
     "FreeFormInjective",
     "HMCBlock",
     "InjectiveLinear",
+    "InternalCoordinates",
     "Inverse",
     "InverseNotAvailable",
     "Invertible1x1Conv",

@@ -20,10 +20,11 @@ import numpy as np
 import torch
 from torch import Tensor
 
+from flows.bijections.internal_coordinates import InternalCoordinates, dihedral
 from flows.data.files import data_file
 from flows.targets.openmm import OpenMMTarget, import_openmm
 
-__all__ = ["AlanineDipeptide", "dihedral"]
+__all__ = ["AlanineDipeptide"]
 
 # (residue, [(name, element), ...]) in the openmmtools atom order; names are those of amber96.xml.
 _RESIDUES = (
@@ -68,19 +69,6 @@ _POSITIONS = (
 )  # fmt: skip
 
 _REFERENCE_FILES = {300.0: "aldp_vacuum_300K_md.npz", 1000.0: "aldp_vacuum_1000K_md.npz"}
-
-
-def dihedral(x: Tensor, i: int, j: int, k: int, l: int) -> Tensor:  # noqa: E741
-    r"""IUPAC torsion of atoms ``(i, j, k, l)`` in ``(-π, π]`` for positions ``(*batch, n, 3)``.
-
-    Looking along :math:`j \to k`, the angle from bond :math:`j\text{-}i` to bond
-    :math:`k\text{-}l`, clockwise positive (the sign of ``mdtraj.compute_dihedrals``).
-    """
-    b0, b1, b2 = x[..., i, :] - x[..., j, :], x[..., k, :] - x[..., j, :], x[..., l, :] - x[..., k, :]
-    b1 = b1 / b1.norm(dim=-1, keepdim=True)
-    v = b0 - (b0 * b1).sum(-1, keepdim=True) * b1
-    w = b2 - (b2 * b1).sum(-1, keepdim=True) * b1
-    return torch.atan2((torch.linalg.cross(b1, v) * w).sum(-1), (v * w).sum(-1))
 
 
 def _topology(app: Any) -> Any:
@@ -149,13 +137,14 @@ class AlanineDipeptide(OpenMMTarget):
     def phi_psi(self, x: Tensor) -> Tensor:
         r"""Backbone torsions :math:`(\phi, \psi)` in radians, shape ``(*batch, 2)``."""
         pos = self._flat(x).unflatten(-1, (self.n_atoms, 3))
-        return torch.stack([dihedral(pos, *PHI_ATOMS), dihedral(pos, *PSI_ATOMS)], -1)
+        return torch.stack([dihedral(*(pos[..., a, :] for a in atoms)) for atoms in (PHI_ATOMS, PSI_ATOMS)], -1)
 
-    def internal_coordinates(self, **kwargs: Any) -> Any:
-        """The :class:`~flows.bijections.InternalCoordinates` of :data:`Z_MATRIX` (keyword options passed on)."""
-        from flows.bijections.internal_coordinates import InternalCoordinates
+    def internal_coordinates(self, **kwargs: Any) -> InternalCoordinates:
+        """The :class:`~flows.bijections.InternalCoordinates` of :data:`Z_MATRIX` (keyword options passed on).
 
-        kwargs.setdefault("chiral_rows", (CHIRAL_ROW,))
+        The CB torsion is declared chiral with sign −1 (the L form), so its domain is (−π, 0).
+        """
+        kwargs.setdefault("chirality", {CHIRAL_ROW[0]: -1})
         return InternalCoordinates(Z_MATRIX, **kwargs)
 
     def reference_samples(

@@ -1,0 +1,40 @@
+"""Registry cases for molecular transforms: internal coordinates (with the frame kept, a square bijection).
+
+Inputs are perturbed copies of a small bent molecule under random rotations and translations, so
+bonds, angles and the Euler angle β stay away from their singular values (0 and π).
+"""
+
+from __future__ import annotations
+
+import torch
+
+import flows
+from tests.registry import Case
+
+# five atoms: a zig-zag chain with a branch (nm-like units)
+_GEOMETRY = torch.tensor(
+    [[0.0, 0.0, 0.0], [1.0, 0.0, 0.0], [1.4, 0.9, 0.0], [2.4, 1.0, 0.3], [0.7, 1.1, 0.8]], dtype=torch.float64
+)
+_Z_MATRIX = [(1,), (0, 1), (2, 1, 0), (3, 2, 1, 0), (4, 1, 2, 3)]
+
+
+def _molecules(shape: tuple[int, ...], generator: torch.Generator) -> torch.Tensor:
+    batch = shape[:-1]
+    pos = _GEOMETRY + 0.1 * torch.randn((*batch, 5, 3), generator=generator, dtype=torch.float64)
+    q, r = torch.linalg.qr(torch.randn((*batch, 3, 3), generator=generator, dtype=torch.float64))
+    q = q * torch.sign(torch.diagonal(r, dim1=-2, dim2=-1))[..., None, :]
+    shift = torch.randn((*batch, 1, 3), generator=generator, dtype=torch.float64)
+    return (pos @ q.transpose(-1, -2) + shift).flatten(-2)
+
+
+def _standardized() -> flows.InternalCoordinates:
+    reference = _molecules((64, 15), torch.Generator().manual_seed(1))
+    return flows.InternalCoordinates(_Z_MATRIX, keep_frame=True, reference=reference, chirality={4: 1})
+
+
+CASES = [
+    Case(
+        "internal-coordinates", lambda: flows.InternalCoordinates(_Z_MATRIX, keep_frame=True), (15,), sample=_molecules
+    ),
+    Case("internal-coordinates-standardized", _standardized, (15,), sample=_molecules),
+]
