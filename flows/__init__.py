@@ -12,6 +12,7 @@ prints its own results.
 import logging as _logging
 
 from flows.architectures import FFJORD, IAF, MAF, NICE, NSF, FreeFormInjectiveFlow, Glow, RealNVP
+from flows.architectures.circular import NCSF
 from flows.architectures.dependent import DependentFlow, MatrixNormal
 from flows.bijections import *  # noqa: F403  (every layer: the one list is flows.bijections.__all__)
 from flows.bijections import __all__ as _bijections_all
@@ -33,6 +34,7 @@ __all__ = [
     "MADE",
     "MAF",
     "MLP",
+    "NCSF",
     "NICE",
     "NSF",
     "AuxiliaryLosses",

@@ -4,6 +4,7 @@ from flows.bijections.autoregressive import MaskedAutoregressive
 from flows.bijections.base import Bijection, Chain, Inverse, InverseNotAvailable
 from flows.bijections.blockwise import SharedBlocks
 from flows.bijections.circulant import CirculantDiagonal, CirculantDiagonal2d
+from flows.bijections.circular import CircularRationalQuadraticSpline, CircularShift
 from flows.bijections.continuous import CNF, total_nfe
 from flows.bijections.conv import Invertible1x1Conv
 from flows.bijections.coupling import AdditiveCoupling, AffineCoupling, Coupling, alternating_mask, half_mask
@@ -35,6 +36,8 @@ __all__ = [
     "Chain",
     "CirculantDiagonal",
     "CirculantDiagonal2d",
+    "CircularRationalQuadraticSpline",
+    "CircularShift",
     "Coupling",
     "EIWShuffle",
     "Elementwise",

@@ -6,6 +6,8 @@ bonds, angles and the Euler angle β stay away from their singular values (0 and
 
 from __future__ import annotations
 
+import math
+
 import torch
 
 import flows
@@ -37,4 +39,32 @@ CASES = [
         "internal-coordinates", lambda: flows.InternalCoordinates(_Z_MATRIX, keep_frame=True), (15,), sample=_molecules
     ),
     Case("internal-coordinates-standardized", _standardized, (15,), sample=_molecules),
+]
+
+
+def _angles(shape: tuple[int, ...], generator: torch.Generator) -> torch.Tensor:
+    """Angles uniform on [-π, π) (kept 1e-3 away from the cut so the round trip does not wrap)."""
+    return (torch.rand(shape, generator=generator, dtype=torch.float64) * 2 - 1) * (math.pi - 1e-3)
+
+
+def _circular_coupling(features: int = 4, bins: int = 4) -> flows.Coupling:
+    from flows.nn.circular import CircularMLP
+
+    mask = flows.alternating_mask(features)
+    spline = flows.CircularRationalQuadraticSpline(bins)
+    n_kept = int(mask.sum())
+    conditioner = CircularMLP(torch.ones(n_kept, dtype=torch.bool), (features - n_kept) * spline.params_per_dim, (8,))
+    return flows.Coupling(features, transformer=spline, mask=mask, conditioner=conditioner)
+
+
+CASES += [
+    Case("circular-spline-coupling", _circular_coupling, (4,), sample=_angles, perturb=0.5),
+    Case(
+        "circular-spline-autoregressive",
+        lambda: flows.MaskedAutoregressive(3, transformer=flows.CircularRationalQuadraticSpline(5), hidden=(8,)),
+        (3,),
+        sample=_angles,
+        perturb=0.5,
+    ),
+    Case("circular-shift", lambda: flows.CircularShift(3, shift=0.0), (3,), sample=_angles, perturb=0.5),
 ]
