@@ -13,13 +13,13 @@ import math
 from collections.abc import Callable, Sequence
 
 import torch
-from torch import nn
+from torch import Tensor, nn
 
 from flows.architectures._arguments import check_builder
 from flows.bijections.base import Bijection, Chain
-from flows.bijections.circular import CircularRationalQuadraticSpline, CircularShift
+from flows.bijections.circular import CircularRationalQuadraticSpline, CircularShift, IntervalToLine, MixedSpline
 from flows.bijections.coupling import Coupling, alternating_mask
-from flows.distributions.circular import TorusUniform
+from flows.distributions.circular import TorusNormal, TorusUniform
 from flows.flow import Flow
 from flows.nn.circular import CircularMLP
 
@@ -47,6 +47,15 @@ class NCSF(Flow):
         hidden: hidden widths of each conditioner MLP.
         bins: number of spline bins ``K``.
         activation: nonlinearity of the conditioners.
+        circular: a **mixed-domain** flow: boolean mask ``(D,)`` of the angles. The other entries
+            are mapped from their domain ``(lower, upper)`` onto the line by a fixed
+            :class:`~flows.bijections.circular.IntervalToLine` (an interval, a half-line, or the
+            line), then by interval splines on ``[-bound, bound]`` with identity tails, over a
+            standard normal base (uniform on the angles). Internal coordinates of a molecule
+            (:class:`~flows.bijections.InternalCoordinates`: ``circular``, ``lower``, ``upper``)
+            are the use: torsions on the circle, angles in :math:`(0, \pi)`, bonds positive.
+        lower, upper: bounds ``(D,)`` of the non-circular entries (default: none).
+        bound: half-width of the interval splines of the non-circular entries.
 
     Example:
         >>> import math, torch
@@ -65,6 +74,10 @@ class NCSF(Flow):
         hidden: Sequence[int] = (64, 64),
         bins: int = 8,
         activation: Callable[[], nn.Module] = nn.ReLU,
+        circular: Tensor | Sequence[bool] | None = None,
+        lower: Tensor | Sequence[float] | None = None,
+        upper: Tensor | Sequence[float] | None = None,
+        bound: float = 5.0,
     ) -> None:
         check_builder(
             "NCSF",
@@ -77,15 +90,25 @@ class NCSF(Flow):
             why="couplings need two parts",
         )
         CircularRationalQuadraticSpline(bins)  # validates bins with a clear message
+        mixed = circular is not None
+        circ = torch.ones(features, dtype=torch.bool) if circular is None else torch.as_tensor(circular).bool()
+        if circ.shape != (features,):
+            raise ValueError(f"NCSF: expected circular of shape ({features},), got {tuple(circ.shape)}")
+        if not mixed and (lower is not None or upper is not None):
+            raise ValueError("NCSF: expected lower/upper only with circular=... (the torus has no bounds), got them")
         layers: list[Bijection] = []
+        if mixed:
+            lo = torch.full((features,), -math.inf) if lower is None else torch.as_tensor(lower, dtype=torch.float64)
+            hi = torch.full((features,), math.inf) if upper is None else torch.as_tensor(upper, dtype=torch.float64)
+            layers.append(IntervalToLine(lo, hi, skip=circ))
         for i in range(transforms):
             mask = alternating_mask(features, keep_even=i % 2 == 0)
-            n_kept = int(mask.sum())
-            spline = CircularRationalQuadraticSpline(bins)
-            out = (features - n_kept) * spline.params_per_dim
-            conditioner = CircularMLP(
-                torch.ones(n_kept, dtype=torch.bool), out, hidden, context=context, activation=activation
-            )
+            kept, transformed = circ[mask], circ[~mask]
+            spline = MixedSpline(transformed, bins, bound=bound) if mixed else CircularRationalQuadraticSpline(bins)
+            out = len(transformed) * spline.params_per_dim
+            conditioner = CircularMLP(kept, out, hidden, context=context, activation=activation)
             layers.append(Coupling(features, context, transformer=spline, mask=mask, conditioner=conditioner))
-            layers.append(CircularShift(features, shift=math.pi / 2))
-        super().__init__(Chain(*layers), TorusUniform(features), context=context)
+            if bool(circ.any()):
+                layers.append(CircularShift(features, shift=math.pi / 2, circular=circ))
+        base = TorusNormal(circ) if mixed else TorusUniform(features)
+        super().__init__(Chain(*layers), base, context=context)

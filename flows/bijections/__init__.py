@@ -4,7 +4,7 @@ from flows.bijections.autoregressive import MaskedAutoregressive
 from flows.bijections.base import Bijection, Chain, Inverse, InverseNotAvailable
 from flows.bijections.blockwise import SharedBlocks
 from flows.bijections.circulant import CirculantDiagonal, CirculantDiagonal2d
-from flows.bijections.circular import CircularRationalQuadraticSpline, CircularShift
+from flows.bijections.circular import CircularRationalQuadraticSpline, CircularShift, IntervalToLine, MixedSpline
 from flows.bijections.continuous import CNF, total_nfe
 from flows.bijections.conv import Invertible1x1Conv
 from flows.bijections.coupling import AdditiveCoupling, AffineCoupling, Coupling, alternating_mask, half_mask
@@ -47,6 +47,7 @@ __all__ = [
     "HMCBlock",
     "InjectiveLinear",
     "InternalCoordinates",
+    "IntervalToLine",
     "Inverse",
     "InverseNotAvailable",
     "Invertible1x1Conv",
@@ -55,6 +56,7 @@ __all__ = [
     "Logit",
     "MaskedAutoregressive",
     "MetropolisBlock",
+    "MixedSpline",
     "Permutation",
     "RationalQuadraticSpline",
     "Reverse",

@@ -26,7 +26,7 @@ from flows.bijections._spline_autograd import forward_map, log_derivative
 from flows.bijections.base import Bijection, sum_event_dims
 from flows.bijections.transformers import Transformer
 
-__all__ = ["CircularRationalQuadraticSpline", "CircularShift", "wrap"]
+__all__ = ["CircularRationalQuadraticSpline", "CircularShift", "IntervalToLine", "MixedSpline", "wrap"]
 
 
 def wrap(theta: Tensor) -> Tensor:
@@ -143,15 +143,17 @@ class CircularRationalQuadraticSpline(Transformer):
 
 
 class CircularShift(Bijection):
-    r"""Rotation of every angle by a learned offset: :math:`z = \operatorname{wrap}(x + s)`, ``ladj`` = 0.
+    r"""Rotation of angles by a learned offset: :math:`z = \operatorname{wrap}(x + s)`, ``ladj`` = 0.
 
     Moves the fixed point :math:`-\pi` of the circular splines between layers. The output is in
     :math:`[-\pi, \pi)` for any input (the map is :math:`2\pi`-periodic); the inverse is
-    :math:`\operatorname{wrap}(z - s)`.
+    :math:`\operatorname{wrap}(z - s)`. With ``circular`` only those entries rotate; the others
+    pass unchanged.
 
     Args:
-        features: number of angles.
+        features: number of entries.
         shift: initial offset (a float, or a tensor of shape ``(features,)``).
+        circular: boolean mask ``(features,)`` of the angles (``None``: every entry).
 
     Example:
         >>> import math, torch
@@ -160,14 +162,154 @@ class CircularShift(Bijection):
         [1.5708, -1.7124]
     """
 
-    def __init__(self, features: int, shift: float | Tensor = 0.0) -> None:
+    def __init__(self, features: int, shift: float | Tensor = 0.0, circular: Tensor | None = None) -> None:
         super().__init__(features)
         self.shift = nn.Parameter(torch.as_tensor(shift, dtype=torch.get_default_dtype()).expand(features).clone())
+        circular = torch.ones(features, dtype=torch.bool) if circular is None else torch.as_tensor(circular).bool()
+        if circular.shape != (features,):
+            raise ValueError(f"CircularShift: expected a mask of shape ({features},), got {tuple(circular.shape)}")
+        self.register_buffer("circular", circular, persistent=False)
 
-    def forward_and_log_det(self, x: Tensor, context: Tensor | None = None) -> tuple[Tensor, Tensor]:
-        z = wrap(x + self.shift)
+    def _rotate(self, x: Tensor, sign: float) -> tuple[Tensor, Tensor]:
+        z = torch.where(self.circular, wrap(x + sign * self.shift), x)
         return z, sum_event_dims(torch.zeros_like(z), 1, self.batch_shape(x))
 
+    def forward_and_log_det(self, x: Tensor, context: Tensor | None = None) -> tuple[Tensor, Tensor]:
+        return self._rotate(x, 1.0)
+
     def inverse_and_log_det(self, z: Tensor, context: Tensor | None = None) -> tuple[Tensor, Tensor]:
-        x = wrap(z - self.shift)
-        return x, sum_event_dims(torch.zeros_like(x), 1, self.batch_shape(z))
+        return self._rotate(z, -1.0)
+
+
+class IntervalToLine(Bijection):
+    r"""Fixed elementwise map of a box (bounds may be infinite) onto the real line, with slope 1 at the middle.
+
+    Per entry with bounds :math:`(l, u)`:
+
+    * both finite: :math:`y = \tfrac{u - l}{4}\operatorname{logit}\tfrac{x - l}{u - l}`
+      (slope 1 at the midpoint), :math:`\log|dy/dx| = -\log(4 p (1 - p))`, :math:`p = (x - l)/(u - l)`;
+    * only :math:`l` finite: :math:`y = l + \operatorname{softplus}^{-1}(x - l)`,
+      :math:`\log|dy/dx| = -\log(1 - e^{-(x - l)})` (slope :math:`\to 1` far from :math:`l`);
+    * only :math:`u` finite: the mirror image, :math:`y = u - \operatorname{softplus}^{-1}(u - x)`;
+    * neither (and entries marked ``skip``, e.g. angles on the circle): the identity.
+
+    Lets a Gaussian-based flow model bonds in :math:`(0, \infty)` and angles in :math:`(0, \pi)`
+    exactly on their domains.
+
+    Args:
+        lower, upper: bounds ``(features,)`` (``-inf`` / ``inf`` for none).
+        skip: entries left unchanged whatever their bounds (``None``: none).
+        check_domain: raise on forward inputs outside the box (one reduction per call); without
+            the check they give NaN.
+
+    Raises:
+        ValueError: for bounds of another shape or ``lower >= upper``; in the forward pass, for
+            inputs outside the box.
+
+    Example:
+        >>> import math, torch
+        >>> t = IntervalToLine(torch.tensor([0.0, 0.0]), torch.tensor([math.pi, math.inf]))
+        >>> y = t(torch.tensor([math.pi / 2, 30.0]))
+        >>> [round(v, 4) for v in y.tolist()]
+        [0.0, 30.0]
+    """
+
+    def __init__(self, lower: Tensor, upper: Tensor, skip: Tensor | None = None, *, check_domain: bool = True) -> None:
+        lower = torch.as_tensor(lower, dtype=torch.float64).flatten()
+        upper = torch.as_tensor(upper, dtype=torch.float64).flatten()
+        super().__init__(len(lower))
+        skip = torch.zeros(len(lower), dtype=torch.bool) if skip is None else torch.as_tensor(skip, dtype=torch.bool)
+        if upper.shape != lower.shape or skip.shape != lower.shape:
+            raise ValueError(
+                f"IntervalToLine: expected lower, upper and skip of one shape, got {tuple(lower.shape)}, "
+                f"{tuple(upper.shape)} and {tuple(skip.shape)}"
+            )
+        if bool((lower >= upper)[~skip].any()):
+            raise ValueError(f"IntervalToLine: expected lower < upper, got {lower.tolist()} and {upper.tolist()}")
+        lo, hi = torch.isfinite(lower) & ~skip, torch.isfinite(upper) & ~skip
+        self.register_buffer("lower", torch.where(lo, lower, 0.0))
+        self.register_buffer("upper", torch.where(hi, upper, 1.0))
+        self.register_buffer("kind", (lo & hi) * 3 + (lo & ~hi) * 1 + (~lo & hi) * 2)  # 0 identity
+        self.check_domain = bool(check_domain)
+
+    def _map(self, x: Tensor, inverse: bool) -> tuple[Tensor, Tensor]:
+        lo, hi, kind = self.lower.to(x), self.upper.to(x), self.kind
+        width = hi - lo
+        if not inverse:
+            p = (x - lo) / width
+            box = width / 4 * (torch.log(p) - torch.log1p(-p))
+            box_ladj = -torch.log(4 * p * (1 - p))
+            v_lo, v_hi = x - lo, hi - x
+            left = lo + v_lo + torch.log(-torch.expm1(-v_lo))
+            right = hi - v_hi - torch.log(-torch.expm1(-v_hi))
+            ladj_lo, ladj_hi = -torch.log(-torch.expm1(-v_lo)), -torch.log(-torch.expm1(-v_hi))
+        else:
+            box = lo + width * torch.sigmoid(4 * x / width)
+            box_ladj = torch.log(4 * torch.sigmoid(4 * x / width) * torch.sigmoid(-4 * x / width))
+            left = lo + F.softplus(x - lo)
+            right = hi - F.softplus(hi - x)
+            ladj_lo, ladj_hi = F.logsigmoid(x - lo), F.logsigmoid(hi - x)
+        out = torch.where(kind == 3, box, torch.where(kind == 1, left, torch.where(kind == 2, right, x)))
+        ladj = torch.where(kind == 3, box_ladj, torch.where(kind == 1, ladj_lo, torch.where(kind == 2, ladj_hi, 0.0)))
+        return out, ladj.sum(-1)
+
+    def forward_and_log_det(self, x: Tensor, context: Tensor | None = None) -> tuple[Tensor, Tensor]:
+        if self.check_domain:
+            kind, lo, hi = self.kind, self.lower.to(x), self.upper.to(x)
+            outside = ((kind % 2 == 1) & (x <= lo)) | ((kind >= 2) & (x >= hi))
+            if bool(outside.any()):
+                entry = int(outside.nonzero()[0, -1])
+                bounds = (
+                    float(self.lower[entry]) if kind[entry] % 2 else -math.inf,
+                    float(self.upper[entry]) if kind[entry] >= 2 else math.inf,
+                )
+                raise ValueError(
+                    f"IntervalToLine: expected inputs inside the domain, got {float(x[outside][0]):g} in entry "
+                    f"{entry} outside {bounds}"
+                )
+        return self._map(x, inverse=False)
+
+    def inverse_and_log_det(self, z: Tensor, context: Tensor | None = None) -> tuple[Tensor, Tensor]:
+        return self._map(z, inverse=True)
+
+
+class MixedSpline(Transformer):
+    r"""Circular splines on the ``circular`` entries, interval splines (identity tails) on the others.
+
+    Raw parameters ``(*, n, 3K)``: circular entries use all ``3K``
+    (:class:`CircularRationalQuadraticSpline`), the others the first ``3K - 1``
+    (:class:`~flows.bijections.splines.RationalQuadraticSpline` on ``[-bound, bound]``).
+
+    Args:
+        circular: boolean mask ``(n,)`` over the transformed entries.
+        bins: number of bins ``K``.
+        bound: half-width of the interval splines.
+    """
+
+    def __init__(self, circular: Tensor, bins: int = 8, *, bound: float = 5.0) -> None:
+        super().__init__()
+        from flows.bijections.splines import RationalQuadraticSpline
+
+        self.register_buffer("circular", torch.as_tensor(circular, dtype=torch.bool), persistent=False)
+        self.circle, self.line = CircularRationalQuadraticSpline(bins), RationalQuadraticSpline(bins, bound=bound)
+        self.params_per_dim = 3 * bins
+
+    def _spline(self, x: Tensor, params: Tensor, inverse: bool) -> tuple[Tensor, Tensor]:
+        if params.shape[-1] != self.params_per_dim:
+            raise ValueError(
+                f"MixedSpline: expected raw parameters of shape (*, {self.params_per_dim}), got {tuple(params.shape)}"
+            )
+        params = params.expand(*x.shape, self.params_per_dim)
+        c, l = self.circular, ~self.circular  # noqa: E741
+        circle = self.circle.inverse_and_log_det if inverse else self.circle.forward_and_log_det
+        line = self.line.inverse_and_log_det if inverse else self.line.forward_and_log_det
+        yc, lc = circle(x[..., c], params[..., c, :])
+        yl, ll = line(x[..., l], params[..., l, : self.line.params_per_dim])
+        order = torch.argsort(torch.cat([c.nonzero(), l.nonzero()]).squeeze(-1))
+        return torch.cat([yc, yl], -1)[..., order], torch.cat([lc, ll], -1)[..., order]
+
+    def forward_and_log_det(self, x: Tensor, params: Tensor) -> tuple[Tensor, Tensor]:
+        return self._spline(x, params, inverse=False)
+
+    def inverse_and_log_det(self, z: Tensor, params: Tensor) -> tuple[Tensor, Tensor]:
+        return self._spline(z, params, inverse=True)

@@ -11,7 +11,7 @@ from torch import Tensor
 from flows._validation import check_event
 from flows.distributions.base import Distribution
 
-__all__ = ["TorusUniform"]
+__all__ = ["TorusNormal", "TorusUniform"]
 
 
 class TorusUniform(Distribution):
@@ -44,3 +44,39 @@ class TorusUniform(Distribution):
         a = self._anchor
         u = torch.rand(self._sample_shape(sample_shape, context), dtype=a.dtype, device=a.device)
         return 2 * math.pi * u - math.pi
+
+
+class TorusNormal(Distribution):
+    r"""Uniform on the ``circular`` entries (angles in :math:`[-\pi, \pi)`), standard normal on the others.
+
+    :math:`\log p(x) = -n_c \log 2\pi + \sum_{i \notin c} [-\tfrac12 x_i^2 - \tfrac12 \log 2\pi]`
+    for vector events; the density is periodic in every angle.
+
+    Args:
+        circular: boolean mask ``(features,)``.
+
+    Example:
+        >>> import torch
+        >>> d = TorusNormal(torch.tensor([True, False]))
+        >>> round(d.log_prob(torch.zeros(2)).item(), 4)
+        -2.7568
+    """
+
+    def __init__(self, circular: Tensor) -> None:
+        circular = torch.as_tensor(circular, dtype=torch.bool).flatten()
+        super().__init__(len(circular))
+        self.register_buffer("_anchor", torch.zeros(()), persistent=False)
+        self.register_buffer("circular", circular, persistent=False)
+        self._log_norm = int(circular.sum()) * math.log(2 * math.pi) + 0.5 * int((~circular).sum()) * math.log(
+            2 * math.pi
+        )
+
+    def log_prob(self, x: Tensor, context: Tensor | None = None) -> Tensor:
+        check_event(x, self.event_shape, type(self).__name__)
+        return torch.where(self.circular, x * 0, -0.5 * x.square()).sum(-1) - self._log_norm
+
+    def rsample(self, sample_shape: Sequence[int] = (), context: Tensor | None = None) -> Tensor:
+        a = self._anchor
+        shape = self._sample_shape(sample_shape, context)
+        u = torch.rand(shape, dtype=a.dtype, device=a.device) * 2 * math.pi - math.pi
+        return torch.where(self.circular, u, torch.randn(shape, dtype=a.dtype, device=a.device))

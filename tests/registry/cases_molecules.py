@@ -68,3 +68,39 @@ CASES += [
     ),
     Case("circular-shift", lambda: flows.CircularShift(3, shift=0.0), (3,), sample=_angles, perturb=0.5),
 ]
+
+_LOWER = torch.tensor([0.0, -1.0, -math.inf, -math.inf])
+_UPPER = torch.tensor([math.pi, math.inf, 2.0, math.inf])
+
+
+def _in_box(shape: tuple[int, ...], generator: torch.Generator) -> torch.Tensor:
+    u = torch.rand(shape, generator=generator, dtype=torch.float64)
+    return torch.stack([0.1 + 2.9 * u[..., 0], -0.9 + 3 * u[..., 1], 1.9 - 3 * u[..., 2], 4 * u[..., 3] - 2], -1)
+
+
+def _mixed_coupling() -> flows.Coupling:
+    from flows.nn.circular import CircularMLP
+
+    circular = torch.tensor([True, False, True, False, False])
+    mask = flows.alternating_mask(5)
+    spline = flows.MixedSpline(circular[~mask], 4, bound=3.0)
+    conditioner = CircularMLP(circular[mask], int((~mask).sum()) * spline.params_per_dim, (8,))
+    return flows.Coupling(5, transformer=spline, mask=mask, conditioner=conditioner)
+
+
+CASES += [
+    Case("interval-to-line", lambda: flows.IntervalToLine(_LOWER, _UPPER), (4,), sample=_in_box),
+    Case(
+        "interval-to-line-skip",
+        lambda: flows.IntervalToLine(_LOWER, _UPPER, skip=torch.tensor([0, 0, 1, 1])),
+        (4,),
+        sample=_in_box,
+    ),
+    Case("mixed-spline-coupling", _mixed_coupling, (5,), sample=_angles, perturb=0.5),
+    Case(
+        "circular-shift-masked",
+        lambda: flows.CircularShift(3, 1.0, circular=torch.tensor([1, 0, 1])),
+        (3,),
+        sample=_angles,
+    ),
+]
