@@ -111,7 +111,8 @@ def ramachandran(target, test: torch.Tensor, x: torch.Tensor, w: torch.Tensor, p
     fig, axes = plt.subplots(1, 3, figsize=(13, 4.2), sharey=True)
     for ax, (title, pos, weight) in zip(axes, panels, strict=True):
         ang = target.phi_psi(pos).numpy()
-        ax.hist2d(ang[:, 0], ang[:, 1], bins=100, range=[[-math.pi, math.pi]] * 2, weights=weight, cmin=1e-12, norm="log")
+        box = [[-math.pi, math.pi]] * 2
+        ax.hist2d(ang[:, 0], ang[:, 1], bins=100, range=box, weights=weight, cmin=1e-12, norm="log")
         ax.set_title(title)
         ax.set_xlabel("φ (rad)")
     axes[0].set_ylabel("ψ (rad)")
@@ -146,7 +147,8 @@ def main(argv: list[str] | None = None) -> dict[str, float]:
     print(f"trained {steps} steps in {seconds:.0f} s (1 thread: {args.threads})")
     print(f"test NLL {result['test_nll']:.2f} nats (Cartesian nm, modulo rigid motions; {len(test_x)} test frames)")
     print(f"Kish ESS {result['ess']:.4f} of N = {args.samples} flow samples (no clipping)")
-    print(f"KL(phi) raw {result['kl_phi_raw']:.4f}, reweighted {result['kl_phi_reweighted']:.4f} (vs the MD test frames)")
+    kl_raw, kl_rew = result["kl_phi_raw"], result["kl_phi_reweighted"]
+    print(f"KL(phi) raw {kl_raw:.4f}, reweighted {kl_rew:.4f} (vs the MD test frames)")
     print(
         f"p(B) raw {result['p_b_raw']:.4f}, reweighted {result['p_b_reweighted']:.4f}, MD test {result['p_b_test']:.4f}"
     )
