@@ -168,19 +168,14 @@ class OpenMMTarget(EnergyTarget):
     def _evaluate(self, x: Tensor, *, forces: bool) -> tuple[Tensor, Tensor]:
         """Reduced energies ``(B,)`` and gradients ``(B, 3n)`` (zeros unless ``forces``) of a float64 CPU batch."""
         xs = x.detach().numpy().reshape(len(x), self.n_atoms, 3)
-        u = np.full(len(x), np.nan)
-        grad = np.zeros((len(x), self.n_atoms, 3))
+        energy = np.full(len(x), np.nan)
+        force = np.zeros((len(x), self.n_atoms, 3))
         clean = ~np.isnan(xs).any(axis=(1, 2))
-        grad[~clean] = np.nan
-        context = self._get_context() if clean.any() else None
-        for i in np.flatnonzero(clean):
-            energy, force = _openmm_energy(context, xs[i], forces)
-            if np.isfinite(energy) and (force is None or np.isfinite(force).all()):
-                u[i] = energy / self.kT
-                if force is not None:
-                    grad[i] = -force / self.kT
-            else:
-                u[i] = np.inf
+        if clean.any():
+            _openmm_loop(self._get_context(), xs, np.flatnonzero(clean), energy, force if forces else None)
+        finite = np.isfinite(energy) & np.isfinite(force).all(axis=(1, 2))
+        u = np.where(finite, energy / self.kT, np.where(clean, np.inf, np.nan))
+        grad = np.where(finite[:, None, None], force * (-1.0 / self.kT), np.where(clean, 0.0, np.nan)[:, None, None])
         return torch.from_numpy(u), torch.from_numpy(grad.reshape(len(x), self.dim))
 
     def _check_positions(self, x: Tensor) -> None:
@@ -232,16 +227,18 @@ class OpenMMTarget(EnergyTarget):
         return f"n_atoms={self.n_atoms}, temperature={self.temperature}, platform={self.platform!r}"
 
 
-def _openmm_energy(context: Any, positions: np.ndarray, forces: bool) -> tuple[float, np.ndarray | None]:
-    """Potential energy (kJ/mol) and forces (kJ/mol/nm, or ``None``) at one configuration; NaN on failure."""
-    try:
-        context.setPositions(positions)
-        state = context.getState(getEnergy=True, getForces=forces)
-    except Exception:  # OpenMM refuses some non-finite or overflowing coordinates
-        return float("nan"), None
-    energy = state.getPotentialEnergy()._value
-    force = np.asarray(state.getForces(asNumpy=True)._value) if forces else None
-    return float(energy), force
+def _openmm_loop(context: Any, xs: np.ndarray, rows: np.ndarray, energy: np.ndarray, force: np.ndarray | None) -> None:
+    """Fill ``energy[i]`` (kJ/mol) and ``force[i]`` (kJ/mol/nm) for ``i in rows``; NaN where OpenMM fails."""
+    want = force is not None
+    for i in rows:
+        try:
+            context.setPositions(xs[i])
+            state = context.getState(getEnergy=True, getForces=want)
+        except Exception:  # OpenMM refuses some non-finite or overflowing coordinates
+            continue  # energy[i] stays NaN: +inf for a clean row
+        energy[i] = state.getPotentialEnergy()._value
+        if want:
+            force[i] = state.getForces(asNumpy=True)._value
 
 
 def _harmonic_bonds(system: Any, openmm: Any) -> tuple[Tensor | None, Tensor | None]:
