@@ -26,6 +26,7 @@ import torch
 
 import flows
 from flows.metrics.importance import kish_ess
+from flows.targets import AlanineDipeptide
 
 B_LOW, B_HIGH = 0.0, 2.2
 
@@ -125,7 +126,7 @@ def main(argv: list[str] | None = None) -> dict[str, float]:
     args = parse(argv)
     torch.set_num_threads(args.threads)
     torch.manual_seed(args.seed)
-    target = flows.targets.AlanineDipeptide(temperature=args.temperature)
+    target = AlanineDipeptide(temperature=args.temperature)
     train_x = target.reference_samples("train", args.data_dir, dtype=torch.float64)[: args.train_frames]
     test_x = target.reference_samples("test", args.data_dir, dtype=torch.float64)
     ic = target.internal_coordinates(reference=train_x)
