@@ -128,3 +128,15 @@ def test_mixed_domain_ncsf_lives_on_circle_times_interval_and_is_normalised():
     torch.testing.assert_close(shifted, log_s, rtol=0, atol=1e-8)
     with pytest.raises(ValueError, match="expected lower/upper only with circular"):
         flows.NCSF(2, lower=lower)
+
+
+def test_interval_to_line_is_the_identity_to_first_order_at_the_middle_of_its_box():
+    lower = torch.tensor([-40.0, -3.0, -math.inf], dtype=torch.float64)
+    upper = torch.tensor([30.0, math.inf, 2.0], dtype=torch.float64)
+    t = flows.IntervalToLine(lower, upper)
+    middle = torch.tensor([-5.0, 40.0, -40.0], dtype=torch.float64)  # box midpoint, far from the one-sided bounds
+    y, ladj = t.forward_and_log_det(middle)
+    torch.testing.assert_close(y, middle, rtol=0, atol=1e-12)
+    assert abs(float(ladj)) < 1e-12
+    with pytest.raises(ValueError, match=r"expected inputs inside the domain, got 31 in entry 0"):
+        t(torch.tensor([31.0, 0.0, 0.0], dtype=torch.float64))
