@@ -33,6 +33,7 @@ from flows.architectures import (
     RealNVP,
     TarFlow,
 )
+from flows.architectures.circular import NCSF
 from flows.architectures.dependent import DependentFlow, MatrixNormal
 from flows.architectures.residual import ResidualFlow
 from flows.bijections import *  # noqa: F403  (every layer: the one list is flows.bijections.__all__)
@@ -58,6 +59,7 @@ __all__ = [
     "MADE",
     "MAF",
     "MLP",
+    "NCSF",
     "NICE",
     "NSF",
     "NAF",

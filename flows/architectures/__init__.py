@@ -4,6 +4,7 @@ One module per family; every builder is a :class:`~flows.flow.Flow` subclass.
 """
 
 from flows.architectures.autoregressive import IAF, MAF, NSF
+from flows.architectures.circular import NCSF
 from flows.architectures.continuous import FFJORD
 from flows.architectures.coupling import NICE, RealNVP
 from flows.architectures.glow import Glow
@@ -19,6 +20,7 @@ __all__ = [
     "IAF",
     "MAF",
     "NAF",
+    "NCSF",
     "NICE",
     "NSF",
     "SOSPF",

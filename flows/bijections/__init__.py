@@ -5,12 +5,14 @@ from flows.bijections.base import Bijection, Chain, Inverse, InverseNotAvailable
 from flows.bijections.block_autoregressive import BlockAutoregressive
 from flows.bijections.blockwise import SharedBlocks
 from flows.bijections.circulant import CirculantDiagonal, CirculantDiagonal2d
+from flows.bijections.circular import CircularRationalQuadraticSpline, CircularShift, IntervalToLine, MixedSpline
 from flows.bijections.continuous import CNF, total_nfe
 from flows.bijections.conv import Invertible1x1Conv
 from flows.bijections.coupling import AdditiveCoupling, AffineCoupling, Coupling, alternating_mask, half_mask
 from flows.bijections.eiw import EIWShuffle, EntropyPermutation
 from flows.bijections.elementwise import Affine, Elementwise, Logit, Sigmoid
 from flows.bijections.injective import FreeFormInjective, InjectiveLinear, half_log_det_gram, orthogonal_probes
+from flows.bijections.internal_coordinates import InternalCoordinates
 from flows.bijections.linear import LULinear
 from flows.bijections.monotone import (
     BernsteinTransformer,
@@ -51,6 +53,8 @@ __all__ = [
     "Chain",
     "CirculantDiagonal",
     "CirculantDiagonal2d",
+    "CircularRationalQuadraticSpline",
+    "CircularShift",
     "Coupling",
     "DeepSigmoidTransformer",
     "EIWShuffle",
@@ -61,6 +65,8 @@ __all__ = [
     "HMCBlock",
     "Householder",
     "InjectiveLinear",
+    "InternalCoordinates",
+    "IntervalToLine",
     "Inverse",
     "InverseNotAvailable",
     "Invertible1x1Conv",
@@ -70,6 +76,7 @@ __all__ = [
     "Logit",
     "MaskedAutoregressive",
     "MetropolisBlock",
+    "MixedSpline",
     "MonotoneTransformer",
     "NumericalInverseError",
     "Patchify",
