@@ -74,7 +74,9 @@ _DTYPES = {
     "BOOL": torch.bool,
 }
 _NAMES = {dtype: name for name, dtype in _DTYPES.items()}
-_NOT_SIZES = frozenset({"seed", "eiw_update_steps"})  # integer arguments that are not sizes of the model
+_NOT_SIZES = frozenset(
+    {"seed", "eiw_update_steps", "max_evaluations"}
+)  # integer arguments that are not sizes of the model
 
 
 class ModelFileError(ValueError):

@@ -20,6 +20,7 @@ import torch
 import torch.nn.functional as F
 from torch import Tensor, nn
 
+from flows._validation import check_number
 from flows.bijections.numerical_inverse import monotone_inverse
 from flows.bijections.transformers import Transformer
 
@@ -351,9 +352,8 @@ class BernsteinTransformer(MonotoneTransformer):
         super().__init__(atol=atol, max_iter=max_iter)
         if isinstance(degree, bool) or not isinstance(degree, int) or degree < 1:
             raise ValueError(f"BernsteinTransformer: expected degree to be an int >= 1, got {degree!r}")
-        if not bound > 0:
-            raise ValueError(f"BernsteinTransformer: expected bound > 0, got {bound!r}")
-        self.degree, self.bound = degree, float(bound)
+        bound = check_number("BernsteinTransformer", "bound", bound, minimum=0, maximum=1e30, strict=True)
+        self.degree, self.bound = degree, bound
         self.params_per_dim = degree + 1
         k = torch.arange(degree + 1, dtype=torch.float64)
         log_binomial = (

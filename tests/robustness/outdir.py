@@ -139,6 +139,8 @@ def _all_skipped() -> Result:
     if (out / "model.ckpt").exists() or (out / "model.safetensors").exists():
         return Result(Outcome.SILENT_WRONG, "the untrained model was saved as the result")
     lines = [line for line in _error_lines(stderr)[0] if "error:" in line]  # the guard's warnings come before it
+    if code == 2:  # refused before training: FlowMatching bounds sigma when it is built
+        return _one_line(code, lines[-1] if lines else stderr, 2, ("sigma",))
     return _one_line(code, lines[-1] if lines else stderr, 1, ("skipped", "non-finite"))
 
 
