@@ -137,7 +137,7 @@ def test_the_trainer_trains_flow_and_projector_with_the_alignment_term() -> None
     history = trainer.fit((x, y), epochs=2, batch_size=6)
     record = history.last()
     assert {"nll", "alignment"} <= set(record) and math.isfinite(record["loss"])
-    assert record["loss"] == pytest.approx(record["nll"] + 0.5 * record["alignment"], rel=1e-9)
+    assert record["loss"] == pytest.approx(record["nll"] + 16 * 0.5 * record["alignment"], rel=1e-9)
     assert all(not torch.equal(a, b) for a, b in zip(before, align.projector.parameters(), strict=True))
     with pytest.raises(TypeError, match="expected a TarFlow model"):
         align(flows.RealNVP(16, transforms=1, hidden=(4,)), (x.flatten(1),))
@@ -291,3 +291,23 @@ def test_the_loaders_return_labels_when_asked_and_the_same_images_either_way(tmp
     with pytest.raises(ValueError, match=r"missing \['y_train'\]"):
         load_mnist(tmp_path, verify=False, labels=True)
     assert load_mnist(tmp_path, verify=False)[1].shape == (3, 1, 28, 28)  # images alone need no labels
+
+
+def test_the_benchmark_trains_a_noise_model_with_reverse_alignment_at_a_tiny_budget(capsys) -> None:
+    import runpy
+    from pathlib import Path
+
+    script = Path(__file__).resolve().parents[1] / "benchmarks" / "transformer_flows.py"
+    threads = torch.get_num_threads()
+    try:
+        main = runpy.run_path(str(script), run_name="benchmark")["main"]
+        argv = ["--data", "digits", "--seconds", "0.5", "--patch", "4", "--blocks", "2", "--layers", "1"]
+        argv += ["--width", "16", "--eval-images", "20", "--classify-images", "20", "--noise-std", "0.1"]
+        argv += ["--align", "reverse", "--align-where=-1:0", "--encoder-seconds", "0.3", "--encoder-width", "8"]
+        result = main(argv)
+    finally:
+        torch.set_num_threads(threads)
+    assert result["steps"] >= 1 and result["encoder_steps"] >= 1
+    for key in ("bayes_accuracy", "bayes_accuracy_clean", "gradient_accuracy"):
+        assert 0 <= result[key] <= 1
+    assert "gradient_accuracy" in capsys.readouterr().out

@@ -4,9 +4,11 @@ REPA (Yu et al. 2024) adds to a generative model's loss the negative cosine simi
 frozen encoder's patch features :math:`y^\star_n = \Phi(x)_n` of the clean data and a projection
 :math:`h_\phi` of the model's hidden states :math:`h_n`, per token:
 
-.. math:: L = L_{\text{NLL}} + \lambda \cdot \frac{1}{|A|} \sum_{(b, l) \in A}
+.. math:: \frac{L}{D} = \frac{L_{\text{NLL}}}{D} + \lambda \cdot \frac{1}{|A|} \sum_{(b, l) \in A}
           \Big(-\frac1N \sum_n \cos\big(y^\star_n, h_\phi(h^{(b, l)}_n)\big)\Big),
 
+(:math:`\lambda` weighs the alignment against the NLL per dimension, as in TarFlow's and FlowBack's
+losses; the objective returns :math:`L`, the summed NLL plus :math:`D \lambda` times the alignment term),
 with :math:`h_\phi` REPA's three-layer MLP (Linear → SiLU → Linear → SiLU → Linear) and
 :math:`A` the aligned locations (TarFlow block ``b``, transformer layer ``l``). FlowBack (Chen et
 al. 2025) aligns the hidden states of the **generative (reverse) pass**. Which parameters the
@@ -257,7 +259,8 @@ class RepresentationAlignment(nn.Module, Objective):
         log_p, states = self.hidden_states(model, x, context)
         nll = -log_p.mean()
         align = self.alignment_loss(states, self.targets(clean.to(x.dtype), _token_grid(model)))
-        return nll + self.weight * align, {"nll": nll.detach(), "alignment": align.detach()}
+        dims = math.prod(x.shape[1:])  # λ weighs the per-dimension NLL, as TarFlow's and FlowBack's losses are
+        return nll + dims * self.weight * align, {"nll": nll.detach(), "alignment": align.detach()}
 
     forward = __call__
 
