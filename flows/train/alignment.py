@@ -41,15 +41,20 @@ eval mode under ``torch.no_grad``) that takes the batch's clean data ``x`` as th
 ``timm``, e.g.::
 
     dino = torch.hub.load("facebookresearch/dinov2", "dinov2_vitb14")
-    class Dino(torch.nn.Module):  # MNIST in [0, 1] -> 3 channels at 224 -> (B, 256, 768) patch tokens
-        def __init__(self): super().__init__(); self.net = dino
+
+    class Dino(torch.nn.Module):  # images in [-1, 1] -> RGB at 224 -> (B, 256, 768) patch tokens
+        def __init__(self):
+            super().__init__()
+            self.net = dino
+
         def forward(self, x):
-            x = torch.nn.functional.interpolate(x.expand(-1, 3, -1, -1), size=224, mode="bicubic")
-            x = torchvision.transforms.functional.normalize(x, (0.485, 0.456, 0.406), (0.229, 0.224, 0.225))
-            return self.net.forward_features(x)["x_norm_patchtokens"]
+            x = F.interpolate((x + 1) / 2, size=224, mode="bicubic").expand(-1, 3, -1, -1)
+            mean = x.new_tensor([0.485, 0.456, 0.406])[:, None, None]
+            std = x.new_tensor([0.229, 0.224, 0.225])[:, None, None]
+            return self.net.forward_features((x - mean) / std)["x_norm_patchtokens"]
 
 (with ``timm``: ``timm.create_model("vit_base_patch14_dinov2", pretrained=True)`` and
-``forward_features``, dropping the class token). Nothing is downloaded by this library.
+``forward_features(x)[:, 1:]``, dropping the class token). Nothing is downloaded by this library.
 
 Training: the objective holds the projector (``align.projector``), which the optimizer must get::
 
