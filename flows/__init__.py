@@ -11,9 +11,31 @@ prints its own results.
 
 import logging as _logging
 
+# first: in the `flows` command, Ctrl-C while the rest imports gives one line and exit 130 (see the module)
+from flows.cli import _interrupt as _cli_interrupt  # noqa: F401
+
+# isort: split
+
 from flows import classify
-from flows.architectures import FFJORD, IAF, MAF, NICE, NSF, FreeFormInjectiveFlow, Glow, RealNVP, TarFlow
+from flows.architectures import (
+    BNAF,
+    BPF,
+    FFJORD,
+    IAF,
+    MAF,
+    NAF,
+    NICE,
+    NSF,
+    SOSPF,
+    UNAF,
+    FreeFormInjectiveFlow,
+    Glow,
+    RealNVP,
+    TarFlow,
+)
+from flows.architectures.circular import NCSF
 from flows.architectures.dependent import DependentFlow, MatrixNormal
+from flows.architectures.residual import ResidualFlow
 from flows.bijections import *  # noqa: F403  (every layer: the one list is flows.bijections.__all__)
 from flows.bijections import __all__ as _bijections_all
 from flows.bijections.auxiliary import AuxiliaryLosses, add_auxiliary_loss
@@ -30,13 +52,19 @@ _logging.getLogger(__name__).addHandler(_logging.NullHandler())
 
 __all__ = [
     *_bijections_all,
+    "BNAF",
+    "BPF",
     "FFJORD",
     "IAF",
     "MADE",
     "MAF",
     "MLP",
+    "NCSF",
     "NICE",
     "NSF",
+    "NAF",
+    "SOSPF",
+    "UNAF",
     "AuxiliaryLosses",
     "BijectionCheckError",
     "ConvNet",
@@ -50,6 +78,7 @@ __all__ = [
     "MatrixNormal",
     "PooledMLP",
     "RealNVP",
+    "ResidualFlow",
     "StandardNormal",
     "TarFlow",
     "TimeMLP",

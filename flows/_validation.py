@@ -226,6 +226,7 @@ def check_samples(
     nan: str = "propagate",
     inf: str = "allow",
     empty_batch: bool = False,
+    event_ndim: int = 1,
 ) -> Tensor:
     """The shared input check of the metric and particle functions; returns ``x`` as a real floating tensor.
 
@@ -236,8 +237,8 @@ def check_samples(
       floating ones kept as they are: no caller ever sees its weights or values cast to an integer;
     * of rank ``ndim`` (or at least ``min_ndim``), named by ``layout`` in the message (``ValueError``);
     * non-empty along every dimension (``ValueError``): a statistic of no draws, chains or
-      coordinates has no value (``empty_batch=True`` lets the first dimension be 0, for
-      functions that map rows to rows);
+      coordinates has no value (``empty_batch=True`` lets the batch dimensions, all but the
+      last ``event_ndim``, be 0, for functions that map rows to rows);
     * NaN: ``"propagate"`` (returned as it is; the caller documents that NaN in gives NaN out) or
       ``"refuse"`` (``ValueError`` with the count and the first index); infinite values likewise
       with ``inf="allow"`` / ``"refuse"``.
@@ -251,7 +252,9 @@ def check_samples(
         min_ndim: the smallest rank accepted.
         nan: ``"propagate"`` or ``"refuse"``.
         inf: ``"allow"`` or ``"refuse"``.
-        empty_batch: accept zero rows (the first dimension), not zero-sized other dimensions.
+        empty_batch: accept zero-sized batch dimensions (all but the last ``event_ndim``), not
+            zero-sized event dimensions.
+        event_ndim: how many trailing dimensions are the event (with ``empty_batch``).
     """
     if not isinstance(x, Tensor):
         raise TypeError(f"{who}: expected {what} to be a torch.Tensor, got {type(x).__name__}")
@@ -262,7 +265,8 @@ def check_samples(
     shape_text = layout or (f"a tensor of rank {ndim}" if ndim is not None else f"rank >= {min_ndim}")
     if (ndim is not None and x.dim() != ndim) or x.dim() < min_ndim:
         raise ValueError(f"{who}: expected {what} of shape {shape_text}, got {tuple(x.shape)}")
-    if x.numel() == 0 and not (empty_batch and x.dim() >= 1 and 0 not in x.shape[1:]):
+    event = x.shape[max(x.dim() - event_ndim, 0) :]
+    if x.numel() == 0 and not (empty_batch and x.dim() > event_ndim and 0 not in event):
         raise ValueError(
             f"{who}: expected non-empty {what} of shape {shape_text} (at least one entry along every "
             f"dimension), got {tuple(x.shape)}"
@@ -299,3 +303,175 @@ def check_count(value: object, who: str, name: str, *, minimum: int = 1, maximum
         bound = f">= {minimum}" if maximum is None else f"in [{minimum}, {maximum}]"
         raise ValueError(f"{who}: expected {name} {bound}, got {value}")
     return value
+
+
+# -- shared checks of numeric options and of objective inputs (appended for issue 27) ---------------
+
+
+def check_number(
+    who: str,
+    name: str,
+    value: object,
+    *,
+    minimum: float | None = None,
+    maximum: float | None = None,
+    strict: bool = False,
+    finite: bool = True,
+) -> float:
+    """``value`` as a float: a real number (not a bool), finite, within ``[minimum, maximum]``.
+
+    Args:
+        who: the object named in the message.
+        name: the argument named in the message.
+        value: what came.
+        minimum: the smallest value allowed (``None``: no bound).
+        maximum: the largest value allowed (``None``: no bound).
+        strict: the minimum itself is excluded (``value > minimum``).
+        finite: refuse ``±inf`` (NaN is always refused).
+
+    Raises:
+        TypeError: for a value that is not a real number (a string, a bool, a tensor of several values).
+        ValueError: for NaN, an infinity (when ``finite``) or a value out of range.
+
+    Example:
+        >>> check_number("CNF", "rtol", float("inf"), minimum=0, strict=True)
+        Traceback (most recent call last):
+        ...
+        ValueError: CNF: expected rtol to be a finite number > 0, got inf
+    """
+    import numbers
+
+    if isinstance(value, Tensor) and value.numel() == 1 and not value.dtype.is_complex:
+        value = value.item()
+    if isinstance(value, bool) or not isinstance(value, numbers.Real):
+        raise TypeError(f"{who}: expected {name} to be a real number, got {type(value).__name__} {value!r}")
+    number = float(value)
+    bounds = []
+    if minimum is not None:
+        bounds.append(f"{'>' if strict else '>='} {minimum:g}")
+    if maximum is not None:
+        bounds.append(f"<= {maximum:g}")
+    wanted = ("a finite number" if finite else "a number") + (" " + " and ".join(bounds) if bounds else "")
+    bad = number != number or (finite and number in (float("inf"), float("-inf")))
+    if minimum is not None:
+        bad = bad or number < minimum or (strict and number == minimum)
+    if maximum is not None:
+        bad = bad or number > maximum
+    if bad:
+        raise ValueError(f"{who}: expected {name} to be {wanted}, got {value!r}")
+    return number
+
+
+def check_integer(who: str, name: str, value: object, *, minimum: int | None = None) -> int:
+    """``value`` as an int (not a bool), at least ``minimum``.
+
+    Raises:
+        TypeError: for a value that is not an integer (a float, a string, a bool).
+        ValueError: for an integer below ``minimum``.
+    """
+    if isinstance(value, bool):
+        raise TypeError(f"{who}: expected {name} to be an integer, got bool {value!r}")
+    try:
+        number = operator.index(value)
+    except TypeError:
+        raise TypeError(f"{who}: expected {name} to be an integer, got {type(value).__name__} {value!r}") from None
+    if minimum is not None and number < minimum:
+        raise ValueError(f"{who}: expected {name} to be an integer >= {minimum}, got {number}")
+    return number
+
+
+def check_rows(x: Tensor, event_ndim: int, who: str, what: str = "data") -> int:
+    """The number of rows of a training batch ``(N, *event)``: exactly one batch dimension, ``N >= 1``.
+
+    The objectives of :mod:`flows.train` average over the rows of a batch: a batch without a row
+    has no mean (it would be a NaN loss), and an event without its batch dimension (``(D,)`` in
+    place of ``(1, D)``) would be read as ``D`` rows.
+
+    Raises:
+        TypeError: for a non-tensor.
+        ValueError: for another number of batch dimensions or an empty batch.
+    """
+    if not isinstance(x, Tensor):
+        raise TypeError(f"{who}: expected {what} to be a torch.Tensor, got {type(x).__name__}")
+    if x.dim() != event_ndim + 1:
+        raise ValueError(
+            f"{who}: expected {what} of shape (N, *event) with {event_ndim} event dimension(s), "
+            f"got shape {tuple(x.shape)}"
+        )
+    if x.shape[0] == 0:
+        raise ValueError(f"{who}: expected a batch of at least one row, got {what} of shape {tuple(x.shape)}")
+    return int(x.shape[0])
+
+
+def check_flow_inputs(flow: object, x: Tensor, context: Tensor | None, who: str | None = None) -> None:
+    """The input checks of :meth:`flows.Flow.log_prob`, for any code that feeds data to a flow.
+
+    In order: the event shape, the dtype and device of the flow (a real floating-point tensor),
+    finite values (with the flow's ``check_finite``; the message names the first bad index, so
+    the row), and the context: present exactly when the flow declares one, of the declared width,
+    floating-point with the flow's dtype, a batch that broadcasts to the data's, and finite. Then
+    the outermost transform's own :meth:`~flows.bijections.Bijection.check_call` (what its fused
+    call runs first). Training objectives (:class:`~flows.train.FlowMatching`,
+    :class:`~flows.train.MaximumLikelihood`) call this so that they refuse exactly what
+    maximum likelihood refuses.
+
+    Args:
+        flow: a :class:`~flows.Flow` (read through its ``transform``, ``_anchor``,
+            ``context_features`` and ``check_finite``).
+        x: the data ``(*batch, *event_shape)``.
+        context: the context, or ``None``.
+        who: the name in messages (default: the flow's class).
+    """
+    name = who or type(flow).__name__
+    transform = flow.transform  # type: ignore[attr-defined]
+    anchor = getattr(flow, "_anchor", None)
+    finite = bool(getattr(flow, "check_finite", True))
+    check_event(x, transform.event_shape, name)
+    check_like(x, anchor, name)
+    if finite:
+        check_finite(x, name)
+    features = getattr(flow, "context_features", None)
+    if features is not None:
+        check_context(context, features, name)
+    if context is not None:
+        check_like(context, anchor, name, "context")
+        if features:
+            check_context_like(context, x, len(transform.event_shape), name, features)
+        if finite:
+            check_finite(context, name, "context")
+    transform.check_call(x, context)
+
+
+def takes_context(model: object) -> bool:
+    """Whether any part of ``model`` (a module, its base distribution) declares a context width > 0."""
+    from torch import nn
+
+    modules = model.modules() if isinstance(model, nn.Module) else [model]
+    return any(
+        isinstance(getattr(m, "context_features", 0), int) and getattr(m, "context_features", 0) > 0 for m in modules
+    )
+
+
+def check_objective_batch(model: object, x: Tensor, context: Tensor | None, who: str) -> None:
+    """What a training objective checks before the model sees a batch ``(x, context)``.
+
+    One batch dimension and at least one row (:func:`check_rows`; when the model has an
+    ``event_shape``), and no context for a model that takes none: a flow without a declared
+    ``context`` width would otherwise pass a context on to layers that ignore it, training an
+    unconditional model on data meant to be conditional. The rest (shape, dtype, finite values,
+    the context's width and batch) is :meth:`flows.Flow.log_prob`'s (:func:`check_flow_inputs`).
+
+    Raises:
+        ValueError: for a batch without rows or without its batch dimension, or a context given to a
+            model that takes none.
+    """
+    event = getattr(model, "event_shape", None)
+    if event is not None:
+        check_rows(x, len(event), who)
+    elif isinstance(x, Tensor) and x.dim() and x.shape[0] == 0:
+        raise ValueError(f"{who}: expected a batch of at least one row, got data of shape {tuple(x.shape)}")
+    if context is not None and not takes_context(model):
+        raise ValueError(
+            f"{who}: expected no context for {type(model).__name__}, which takes none (no layer or base declares "
+            f"a context width), got a context of shape {tuple(getattr(context, 'shape', ()))}"
+        )

@@ -30,6 +30,7 @@ from flows._validation import (
     check_count,
     check_event,
     check_finite,
+    check_flow_inputs,
     check_like,
     format_shape,
     shapes_match,
@@ -261,12 +262,7 @@ class Flow(nn.Module):
             ValueError: for a wrong event shape or (with ``check_finite``) NaN/Inf values.
             TypeError: for a dtype or device different from the flow's.
         """
-        name = type(self).__name__
-        check_event(x, self.transform.event_shape, name)
-        check_like(x, self._anchor, name)
-        if self.check_finite:
-            check_finite(x, name)
-        self._check_context(context, x)
+        check_flow_inputs(self, x, context)  # the one input check, shared with the training objectives
         z, ladj = self.transform.forward_and_log_det(x, context)
         return self.base.log_prob(z, context) + ladj
 

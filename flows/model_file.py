@@ -1,46 +1,84 @@
-r"""Self-describing model files: a ``safetensors`` weights file and a JSON config, rebuilt by :func:`load_model`.
+r"""Self-describing, verified model files: one ``safetensors`` file, with a JSON copy of its config beside it.
 
 :func:`save_model` writes two files side by side::
 
-    model.safetensors   every tensor of the model's state dict (open it with ``safetensors`` alone)
-    model.json          {"format": "flows.model", "format_version": 1, "flows_version": "0.1.0",
+    model.safetensors   every tensor of the model's state dict (open it with ``safetensors`` alone), and in
+                        its metadata the config (key ``"flows_config"``) and the config's SHA-256
+                        (key ``"flows_config_sha256"``)
+    model.json          a human-readable copy of the same config:
+                        {"format": "flows.model", "format_version": 2, "flows_version": "0.1.0",
                          "builder": "NSF", "arguments": {"features": 6, "context": 0, "transforms": 5, ...},
-                         "preprocessing": [{"layer": "Standardize", "options": {}}],
-                         "weights": "model.safetensors", "aliases": {}}
+                         "preprocessing": [{"layer": "Standardize", "options": {}}], "dtype": "float32",
+                         "tensors": {"transform.transforms.0.loc": {"dtype": "F32", "shape": [6],
+                                                                    "sha256": "9f2c..."}, ...},
+                         "weights": "model.safetensors", "aliases": {}, "info": {}}
 
 The config holds the builder's **actual** constructor arguments, recorded when the model was built
-(:class:`~flows.flow.Flow` records them; nothing has to be remembered by the caller), all of them,
-defaults included. The same JSON is also stored in the weights file's metadata (key
-``"flows_config"``), so the ``.safetensors`` file alone is enough to rebuild the model.
+(:class:`~flows.flow.Flow` records them), defaults included, the floating dtype of the model, and
+the dtype, shape and SHA-256 of every tensor. The weights file is the file of record: it alone
+rebuilds the model, and :func:`load_model` (like ``flows eval`` and ``flows check`` on a run
+directory) verifies, before anything is built,
 
-Loading reads JSON and raw tensors only: no pickle, no code from the file. Builder names are looked
-up among the library's paper-named builders (and those registered with
-:func:`flows.train.register_model`); activation arguments are stored as names of ``torch.nn``
-classes and resolved only there. Anything else (a missing, extra or mis-shaped tensor, an unknown
-builder, another format version) is refused with a :class:`ModelFileError` saying what was
-expected and what was found.
+* the file layout: a header length that fits the file, tensor byte ranges that tile the data
+  exactly (a truncated or padded file is refused), dtypes that safetensors defines;
+* the config's SHA-256, and that ``model.json``, when present, says the same (an edited copy is
+  refused, naming the keys that differ: a changed spline ``bound`` would give another density);
+* every tensor's dtype, shape and SHA-256 against the config (one flipped bit is refused);
+* every argument's JSON kind against the builder's annotation (``clamp=true``, ``hidden=[8.0]``);
+* every size in the config against what the file can describe: an integer argument larger than
+  the number of stored weights (or 4096) is refused, and the builder runs under an allocation budget
+  (a few times the file's size) so that a config such as ``transforms=10**9`` stops with a
+  :class:`ModelFileError` instead of building until memory runs out;
+* the rebuilt model's tensors: the same names, shapes and dtypes (a float64 model comes back
+  float64; a float16, int64 or bool tensor where the model has float32 weights is refused, never
+  converted), and finite values.
+
+The digests detect damage and edits; they do not authenticate (whoever can write the file can
+recompute them), so a model file is trusted as much as its source. Loading reads JSON and raw
+tensors only: no pickle, no code from the file. Builder names are looked up among the library's
+paper-named builders (and those registered with :func:`flows.train.register_model`); activation
+arguments are stored as names of ``torch.nn`` classes and resolved only there.
 """
 
 from __future__ import annotations
 
+import hashlib
 import inspect
 import json
+import math
 import os
 from pathlib import Path
 from typing import Any
 
 import torch
 from torch import Tensor, nn
+from torch.overrides import TorchFunctionMode
 
 __all__ = ["FORMAT_VERSION", "ModelFileError", "load_model", "read_model_config", "save_model"]
 
 FORMAT = "flows.model"
-FORMAT_VERSION = 1
+FORMAT_VERSION = 2
 _METADATA_KEY = "flows_config"
+_DIGEST_KEY = "flows_config_sha256"
+_MAX_HEADER = 100 * 2**20  # safetensors' own bound on a header
+_DTYPES = {
+    "F64": torch.float64,
+    "F32": torch.float32,
+    "F16": torch.float16,
+    "BF16": torch.bfloat16,
+    "I64": torch.int64,
+    "I32": torch.int32,
+    "I16": torch.int16,
+    "I8": torch.int8,
+    "U8": torch.uint8,
+    "BOOL": torch.bool,
+}
+_NAMES = {dtype: name for name, dtype in _DTYPES.items()}
+_NOT_SIZES = frozenset({"seed", "eiw_update_steps"})  # integer arguments that are not sizes of the model
 
 
 class ModelFileError(ValueError):
-    """A model file that cannot be rebuilt: unknown builder, other version, or tensors that do not fit."""
+    """A model file that cannot be rebuilt: damaged, edited, unknown builder, other version or unfitting tensors."""
 
 
 def _flows_version() -> str:
@@ -138,21 +176,42 @@ def _paths(path: str | os.PathLike) -> tuple[Path, Path]:
     return Path(f"{path}.safetensors"), Path(f"{path}.json")
 
 
-def save_model(model: nn.Module, path: str | os.PathLike) -> Path:
-    """Write ``model`` as ``<stem>.safetensors`` (weights, config in the metadata) and ``<stem>.json`` (config).
+def _digest(t: Tensor) -> str:
+    """SHA-256 of a tensor's bytes as safetensors stores them (contiguous, little endian)."""
+    flat = t.detach().contiguous().reshape(-1)
+    if flat.numel() == 0:
+        return hashlib.sha256(b"").hexdigest()
+    return hashlib.sha256(flat.view(torch.uint8).numpy().tobytes()).hexdigest()
+
+
+def _model_dtype(tensors: dict[str, Tensor], name: str) -> torch.dtype:
+    """The one floating dtype of a model's tensors (float32 for a model with none)."""
+    kinds = {t.dtype for t in tensors.values() if t.is_floating_point()}
+    if len(kinds) > 1:
+        raise ModelFileError(
+            f"save_model: expected one floating dtype across the tensors of {name}, got {sorted(map(str, kinds))}; "
+            "convert the model with .to(dtype) first"
+        )
+    return next(iter(kinds), torch.float32)
+
+
+def save_model(model: nn.Module, path: str | os.PathLike, *, info: dict[str, Any] | None = None) -> Path:
+    """Write ``model`` as ``<stem>.safetensors`` (weights, config and digests) and ``<stem>.json`` (its config).
 
     Args:
         model: a :class:`~flows.flow.Flow` made by a builder (``NSF``, ``RealNVP``, ...; its
-            constructor arguments were recorded when it was built).
+            constructor arguments were recorded when it was built), of one floating dtype.
         path: a directory (files ``model.safetensors`` and ``model.json`` in it), or a file name
             whose suffix (if any) is replaced by ``.safetensors`` and ``.json``.
+        info: extra JSON facts stored with the config (``flows fit`` records the data set here).
 
     Returns:
         the path of the weights file.
 
     Raises:
         ModelFileError: for a model a config cannot describe (a plain ``Flow`` of hand-made
-            transforms, or constructor arguments that are objects rather than values).
+            transforms, constructor arguments that are objects rather than values, mixed
+            floating dtypes).
 
     Example:
         >>> import tempfile, torch
@@ -176,9 +235,12 @@ def save_model(model: nn.Module, path: str | os.PathLike) -> Path:
             f"save_model: expected a model made by one of the builders {sorted(_builders())}, got {name} "
             "(register a Flow subclass with flows.train.register_model(name, cls) to save it)"
         )
+    if info is not None and not isinstance(info, dict):
+        raise TypeError(f"save_model: expected info to be a dict of JSON values, got {type(info).__name__}")
     weights, config_path = _paths(path)
     weights.parent.mkdir(parents=True, exist_ok=True)
     tensors, aliases = _tensors(model)
+    dtype = _model_dtype(tensors, name)
     config = {
         "format": FORMAT,
         "format_version": FORMAT_VERSION,
@@ -186,46 +248,161 @@ def save_model(model: nn.Module, path: str | os.PathLike) -> Path:
         "builder": name,
         "arguments": _arguments(model),
         "preprocessing": list(model.preprocessing),
+        "dtype": str(dtype).removeprefix("torch."),
+        "tensors": {
+            k: {"dtype": _NAMES[t.dtype], "shape": list(t.shape), "sha256": _digest(t)} for k, t in tensors.items()
+        },
         "weights": weights.name,
         "aliases": aliases,
+        "info": info or {},
     }
-    text = json.dumps(config, indent=1, allow_nan=False)
+    try:
+        text = json.dumps(config, indent=1, allow_nan=False)
+    except (TypeError, ValueError) as error:
+        raise ModelFileError(
+            f"save_model: expected JSON values in the config and info, got an error: {error}"
+        ) from error
     from safetensors.torch import save
 
     from flows.train._atomic import atomic_write_bytes, atomic_write_text
 
+    metadata = {_METADATA_KEY: text, _DIGEST_KEY: hashlib.sha256(text.encode("utf-8")).hexdigest()}
     # atomic (a kill mid-save leaves the earlier files whole) and with the user's umask
-    atomic_write_bytes(weights, save(tensors, metadata={_METADATA_KEY: text}))
+    atomic_write_bytes(weights, save(tensors, metadata=metadata))
     atomic_write_text(config_path, text + "\n")
     return weights
 
 
-def read_model_config(path: str | os.PathLike) -> dict[str, Any]:
-    """The config of a model file: from the ``.json`` next to the weights, else from the weights' metadata.
+def _read_header(path: Path, *, data: bool) -> tuple[dict[str, Any], dict[str, str], bytes]:
+    """Parse and bound-check a safetensors file: ``(tensor entries, metadata, data bytes)``.
 
-    Raises:
-        FileNotFoundError: when neither file exists.
-        ModelFileError: for a file that is not a flows model file.
+    Every length is checked against the file's size before anything is allocated, and the tensor
+    byte ranges must tile the data section exactly (nothing missing, nothing appended).
     """
-    weights, config_path = _paths(path)
-    if config_path.is_file():
-        text = config_path.read_text(encoding="utf-8")
-    elif weights.is_file():
-        from safetensors import safe_open
+    where = repr(str(path))
+    if not path.is_file():
+        raise FileNotFoundError(f"load_model: no weights file at {where}")
+    size = path.stat().st_size
+    with open(path, "rb") as handle:
+        prefix = handle.read(8)
+        if len(prefix) < 8:
+            raise ModelFileError(f"load_model: {where} is truncated ({size} bytes): expected a safetensors file")
+        length = int.from_bytes(prefix, "little")
+        if length > min(size - 8, _MAX_HEADER):
+            raise ModelFileError(
+                f"load_model: {where} is truncated or not a safetensors file: expected a header of at most "
+                f"{min(size - 8, _MAX_HEADER)} bytes, got a header length of {length}"
+            )
+        head = handle.read(length)
+        body = handle.read() if data else b""
+    try:
+        header = json.loads(head.decode("utf-8"))
+    except (UnicodeDecodeError, json.JSONDecodeError, RecursionError) as error:
+        raise ModelFileError(f"load_model: {where} has a corrupt safetensors header: {error}") from error
+    if not isinstance(header, dict):
+        raise ModelFileError(f"load_model: {where}: expected a JSON object as safetensors header, got {head[:40]!r}")
+    metadata = header.pop("__metadata__", None) or {}
+    if not isinstance(metadata, dict) or not all(isinstance(v, str) for v in metadata.values()):
+        raise ModelFileError(f"load_model: {where}: expected string metadata in the header, got {metadata!r:.80}")
+    _check_layout(header, size - 8 - length, where)
+    return header, metadata, body
 
-        with safe_open(str(weights), framework="pt") as f:
-            text = (f.metadata() or {}).get(_METADATA_KEY)
-        if text is None:
-            raise ModelFileError(f"load_model: expected a flows config in the metadata of {str(weights)!r}, got none")
-    else:
-        raise FileNotFoundError(f"load_model: no model file at {str(path)!r} (looked for {weights} and {config_path})")
+
+def _check_layout(header: dict[str, Any], room: int, where: str) -> None:
+    spans = []
+    for name, entry in header.items():
+        ok = isinstance(entry, dict) and entry.get("dtype") in _DTYPES and isinstance(entry.get("shape"), list)
+        ok = ok and all(isinstance(n, int) and not isinstance(n, bool) and n >= 0 for n in entry["shape"])
+        offsets = entry.get("data_offsets") if ok else None
+        ok = ok and isinstance(offsets, list) and len(offsets) == 2 and all(isinstance(n, int) for n in offsets)
+        if not ok:
+            raise ModelFileError(
+                f"load_model: {where}: expected tensor {name!r} with a dtype among {sorted(_DTYPES)}, a shape "
+                f"and data offsets, got {entry!r:.120}"
+            )
+        begin, end = offsets
+        nbytes = math.prod(entry["shape"]) * _DTYPES[entry["dtype"]].itemsize
+        if not 0 <= begin <= end <= room or end - begin != nbytes:
+            raise ModelFileError(
+                f"load_model: {where} is truncated or corrupt: tensor {name!r} of shape {entry['shape']} "
+                f"({nbytes} bytes) is recorded at bytes {begin}..{end} of a data section of {room} bytes"
+            )
+        spans.append((begin, end))
+    covered = 0
+    for begin, end in sorted(spans):
+        if begin != covered:
+            break
+        covered = end
+    if covered != room:
+        raise ModelFileError(
+            f"load_model: {where} is truncated, padded or corrupt: expected its tensors to fill the {room} bytes "
+            f"of its data section, got tensors that cover {covered} contiguous bytes"
+        )
+
+
+def _differences(a: Any, b: Any, prefix: str = "") -> list[str]:
+    """The dotted keys at which two JSON values differ."""
+    if isinstance(a, dict) and isinstance(b, dict):
+        out = []
+        for key in sorted(set(a) | set(b), key=str):
+            if key not in a or key not in b:
+                out.append(f"{prefix}{key}")
+            else:
+                out += _differences(a[key], b[key], f"{prefix}{key}.")
+        return out
+    same = type(a) is type(b) and a == b
+    return [] if same else [prefix.rstrip(".") or "(the whole config)"]
+
+
+def _verified_config(weights: Path, config_path: Path, metadata: dict[str, str]) -> dict[str, Any]:
+    """The config of record (the weights' metadata), checked against its digest and against ``model.json``."""
+    where = repr(str(weights))
+    text = metadata.get(_METADATA_KEY)
+    if text is None:
+        raise ModelFileError(f"load_model: expected a flows config in the metadata of {where}, got none")
+    if hashlib.sha256(text.encode("utf-8")).hexdigest() != metadata.get(_DIGEST_KEY):
+        raise ModelFileError(
+            f"load_model: the config stored in {where} failed its SHA-256 check: expected the digest recorded "
+            "beside it (the file was damaged or edited)"
+        )
+    config = _parse(text, where)
+    if config_path.is_file():
+        copy = _parse(config_path.read_text(encoding="utf-8", errors="replace"), repr(str(config_path)))
+        differing = _differences(config, copy)
+        if differing:
+            raise ModelFileError(
+                f"load_model: {str(config_path)!r} differs from the config stored in {where} at "
+                f"{differing[:8]}{' ...' if len(differing) > 8 else ''}: expected the copy written beside the "
+                "weights (one of the two was edited; delete model.json to load what the weights file says)"
+            )
+    return config
+
+
+def _parse(text: str, where: str) -> dict[str, Any]:
     try:
         config = json.loads(text)
-    except json.JSONDecodeError as error:
-        raise ModelFileError(f"load_model: expected a JSON config, got unreadable text ({error})") from error
+    except (json.JSONDecodeError, RecursionError) as error:
+        raise ModelFileError(f"load_model: expected a JSON config in {where}, got unreadable text ({error})") from error
     if not isinstance(config, dict) or config.get("format") != FORMAT:
-        raise ModelFileError(f"load_model: expected a config with format {FORMAT!r}, got {str(config)[:80]!r}")
+        raise ModelFileError(
+            f"load_model: expected a config with format {FORMAT!r} in {where}, got {str(config)[:80]!r}"
+        )
     return config
+
+
+def read_model_config(path: str | os.PathLike) -> dict[str, Any]:
+    """The verified config of a model file (from the weights' metadata, checked against ``model.json``).
+
+    Raises:
+        FileNotFoundError: when the weights file does not exist.
+        ModelFileError: for a file that is not a flows model file, is damaged, or whose
+            ``model.json`` differs from the config stored in the weights.
+    """
+    weights, config_path = _paths(path)
+    if not weights.is_file():
+        raise FileNotFoundError(f"load_model: no model file at {str(path)!r} (looked for {weights})")
+    _, metadata, _ = _read_header(weights, data=False)
+    return _verified_config(weights, config_path, metadata)
 
 
 def _check_version(config: dict[str, Any]) -> None:
@@ -243,6 +420,304 @@ def _check_version(config: dict[str, Any]) -> None:
         )
 
 
+def _check_table(config: dict[str, Any], header: dict[str, Any], body: bytes, where: str) -> None:
+    """Every tensor of the file against the config's record of it: dtype, shape and SHA-256."""
+    table = config.get("tensors")
+    if not isinstance(table, dict) or set(table) != set(header):
+        names = sorted(set(table) ^ set(header)) if isinstance(table, dict) else []
+        raise ModelFileError(
+            f"load_model: expected the tensors recorded in the config of {where}, got a file whose tensors "
+            f"differ at {names[:8]}"
+        )
+    for name, entry in header.items():
+        record = table[name]
+        if not isinstance(record, dict) or [record.get("dtype"), record.get("shape")] != [
+            entry["dtype"],
+            entry["shape"],
+        ]:
+            raise ModelFileError(
+                f"load_model: expected tensor {name!r} of {where} as its config records it ({record!r:.100}), "
+                f"got dtype {entry['dtype']} and shape {entry['shape']}"
+            )
+        begin, end = entry["data_offsets"]
+        if hashlib.sha256(body[begin:end]).hexdigest() != record.get("sha256"):
+            raise ModelFileError(
+                f"load_model: tensor {name!r} of {where} failed its SHA-256 check: the file was damaged or edited"
+            )
+
+
+def _check_sizes(arguments: dict[str, Any], header: dict[str, Any], where: str) -> None:
+    """Refuse integer arguments larger than the number of weights the file holds, before building."""
+    stored = sum(math.prod(e["shape"]) for e in header.values())
+    bound = max(stored, 4096)
+
+    def visit(value: Any, name: str) -> None:
+        if isinstance(value, bool):
+            return
+        if isinstance(value, int) and abs(value) > bound:
+            raise ModelFileError(
+                f"load_model: the config of {where} asks for {name}={value}, more than the {stored} weights the "
+                f"file holds could describe: expected a size of at most {bound}"
+            )
+        if isinstance(value, list):
+            for i, item in enumerate(value):
+                visit(item, f"{name}[{i}]")
+
+    for name, value in arguments.items():
+        if name not in _NOT_SIZES:
+            visit(value, name)
+
+
+_KINDS: dict[str, tuple[type, ...]] = {
+    "int": (int,),
+    "float": (int, float),
+    "bool": (bool,),
+    "str": (str,),
+    "None": (type(None),),
+}
+_OBJECTS = ("Flow", "nn.Module", "Tensor", "Standardize", "torch.Generator")  # stored only as None
+
+
+def _kinds(annotation: object) -> tuple[type, ...] | None:
+    """The JSON kinds a (string) annotation admits, ``None`` when it is not one this check reads."""
+    if not isinstance(annotation, str):
+        return None
+    kinds: list[type] = []
+    for part in (p.strip() for p in annotation.split("|")):
+        if part in _KINDS:
+            kinds += _KINDS[part]
+        elif part.startswith(("Sequence[int]", "list[int]", "tuple[int")):
+            kinds.append(list)
+        elif part.startswith(("Callable[", "type[")):
+            kinds.append(type)
+        elif part not in _OBJECTS:
+            return None
+    return tuple(kinds)
+
+
+def _check_types(builder: Any, arguments: dict[str, Any], where: str) -> None:
+    """Refuse an argument whose JSON kind the builder's annotation does not admit (``clamp=true``)."""
+    try:
+        parameters = inspect.signature(builder).parameters
+    except (TypeError, ValueError):
+        return
+    for name, value in arguments.items():
+        kinds = _kinds(parameters[name].annotation) if name in parameters else None
+        if kinds is None:
+            continue
+        if isinstance(value, bool):
+            ok = bool in kinds
+        elif isinstance(value, list):
+            ok = list in kinds and all(isinstance(v, int) and not isinstance(v, bool) for v in value)
+        elif inspect.isclass(value):
+            ok = type in kinds
+        else:
+            ok = isinstance(value, tuple(k for k in kinds if k is not bool and k is not list and k is not type))
+        if not ok:
+            raise ModelFileError(
+                f"load_model: expected argument {name!r} of the config of {where} to be "
+                f"{parameters[name].annotation}, got {value!r:.60}"
+            )
+
+
+def _ints(value: Any) -> list[int] | None:
+    """``value`` as a list of sizes (an int or a sequence of ints), ``None`` otherwise."""
+    if isinstance(value, int) and not isinstance(value, bool):
+        return [value]
+    if isinstance(value, (tuple, list, torch.Size)) and all(isinstance(v, int) for v in value):
+        return list(value)
+    return None
+
+
+def _requested(name: str, args: tuple, kwargs: dict) -> int:
+    """The number of elements a torch factory call asks for (0 when it is not one this check reads)."""
+    if name in ("empty", "zeros", "ones", "rand", "randn", "full", "randint", "normal"):
+        size = kwargs.get("size")
+        if size is None and name == "randint":
+            size = next((a for a in args if isinstance(a, (tuple, list, torch.Size))), None)
+        elif size is None and name in ("full", "normal"):
+            size = args[0] if args and isinstance(args[0], (tuple, list, torch.Size)) else None
+        elif size is None:
+            size = args[0] if len(args) == 1 and not isinstance(args[0], int) else args
+        sizes = _ints(size)
+        return math.prod(abs(n) for n in sizes) if sizes else 0
+    if name in ("randperm", "eye"):
+        sizes = _ints(list(args[:2]))
+        return (sizes[0] * (sizes[-1] if name == "eye" else 1)) if sizes else 0
+    if name in ("arange", "linspace", "logspace"):
+        numbers = [a for a in args if isinstance(a, (int, float)) and not isinstance(a, bool)]
+        if name != "arange":
+            steps = kwargs.get("steps", numbers[2] if len(numbers) > 2 else 0)
+            return int(steps) if isinstance(steps, int) else 0
+        if len(numbers) == 1:
+            numbers = [0, numbers[0]]
+        start, end, step = [*numbers, 1][:3] if len(numbers) >= 2 else (0, 0, 1)
+        return max(0, math.ceil((end - start) / step)) if step and math.isfinite(end - start) else 0
+    return 0
+
+
+class _BuildBudget(TorchFunctionMode):
+    """Refuse tensor allocations beyond a byte and call budget while a model is being built.
+
+    Factory calls (``empty``, ``zeros``, ``randn``, ``arange``, ...) are checked *before* they
+    allocate, so a config asking for a billion-wide layer stops here instead of in the allocator,
+    and the number of torch calls is bounded, so a config asking for a billion tiny layers stops
+    after a few thousand. (A function mode, not a dispatch mode: it does not import ``torch._dynamo``.)
+    """
+
+    def __init__(self, max_bytes: int, max_calls: int, where: str) -> None:
+        super().__init__()
+        self.max_bytes, self.max_calls, self.where = max_bytes, max_calls, where
+        self.bytes = self.calls = 0
+
+    def __torch_function__(self, func, types, args=(), kwargs=None):
+        kwargs = kwargs or {}
+        self.calls += 1
+        dtype = kwargs.get("dtype")
+        itemsize = dtype.itemsize if isinstance(dtype, torch.dtype) else torch.get_default_dtype().itemsize
+        requested = _requested(getattr(func, "__name__", ""), args, kwargs)
+        self.bytes += requested * max(itemsize, 1)
+        # refuse only at a factory call: raising at another (the grad-mode restore of a no_grad block's
+        # exit) would leave torch's global state changed
+        if requested and (self.bytes > self.max_bytes or self.calls > self.max_calls):
+            raise ModelFileError(
+                f"load_model: the config of {self.where} builds a model larger than its weights: expected at most "
+                f"{self.max_bytes} bytes in {self.max_calls} torch calls while building, got "
+                f"{self.bytes} bytes in {self.calls} (a size in the config was edited)"
+            )
+        return func(*args, **kwargs)
+
+
+def _build(config: dict[str, Any], header: dict[str, Any], body: bytes, where: str) -> nn.Module:
+    builders = _builders()
+    name = config.get("builder")
+    if name not in builders:
+        raise ModelFileError(
+            f"load_model: expected a builder among {sorted(builders)}, got {name!r} "
+            "(a custom builder must be registered with flows.train.register_model before loading)"
+        )
+    arguments = _decode(config.get("arguments", {}))
+    if not isinstance(arguments, dict):
+        raise ModelFileError(f"load_model: expected 'arguments' to be a JSON object, got {arguments!r}")
+    _check_types(builders[name], arguments, where)
+    _check_sizes(arguments, header, where)
+    budget = _BuildBudget(16 * len(body) + 2**26, 64 * len(header) + 4096, where)
+    from flows.bijections.base import Bijection
+    from flows.train.config import _layers
+
+    grad = torch.is_grad_enabled()
+    try:
+        with budget, torch.random.fork_rng(devices=[]):
+            model = builders[name](**arguments)
+            layers = _layers()
+            front, options = [], []
+            for item in config.get("preprocessing") or []:
+                layer = item.get("layer") if isinstance(item, dict) else None
+                if layer not in layers or not isinstance(item.get("options", {}), dict):
+                    raise ModelFileError(
+                        f"load_model: expected preprocessing layers among {sorted(layers)}, got {item!r}"
+                    )
+                front.append(layers[layer](model.event_shape, **item.get("options", {})))
+                options.append(item.get("options", {}))
+            if front:
+                model.prepend(*[t for t in front if isinstance(t, Bijection)], options=options)
+    except ModelFileError:
+        raise
+    except (TypeError, ValueError, RuntimeError, OverflowError, ArithmeticError, LookupError, AssertionError) as error:
+        raise ModelFileError(
+            f"load_model: expected arguments that {name} accepts in the config of {where}, got an error: "
+            f"{type(error).__name__}: {error}"
+        ) from error
+    finally:
+        torch.set_grad_enabled(grad)  # a builder stopped inside a no_grad block must not leave it disabled
+    return model
+
+
+def _device(map_location: str | torch.device) -> torch.device:
+    try:
+        device = torch.device(map_location)
+    except (TypeError, RuntimeError) as error:
+        raise ModelFileError(
+            f"load_model: expected map_location to be a device such as 'cpu', got {map_location!r}"
+        ) from error
+    if device.type == "meta":
+        raise ModelFileError("load_model: expected map_location to be a device that holds data, got 'meta'")
+    try:
+        torch.empty(0, device=device)
+    except (RuntimeError, AssertionError, AttributeError) as error:
+        raise ModelFileError(
+            f"load_model: expected map_location to be an available device, got {map_location!r} ({error})"
+        ) from error
+    return device
+
+
+def _tensor(entry: dict[str, Any], body: bytes) -> Tensor:
+    begin, end = entry["data_offsets"]
+    dtype = _DTYPES[entry["dtype"]]
+    if begin == end:
+        return torch.empty(entry["shape"], dtype=dtype)
+    return torch.frombuffer(bytearray(body[begin:end]), dtype=dtype).reshape(entry["shape"])
+
+
+def load_model(path: str | os.PathLike, *, map_location: str | torch.device = "cpu") -> nn.Module:
+    """Verify and rebuild a model saved by :func:`save_model` (or a ``flows fit`` run directory) in one call.
+
+    Args:
+        path: the ``.safetensors`` file, the ``.json`` file, their common stem, or a directory
+            holding ``model.safetensors`` (a ``flows fit`` run directory). A ``.ckpt`` file of the
+            training checkpoint format is loaded with :func:`flows.train.load_model`.
+        map_location: device of the returned model's tensors.
+
+    Returns:
+        the model, in eval mode, of the builder's own class and of the dtype it was saved in.
+
+    Raises:
+        FileNotFoundError: when there is no model file.
+        ModelFileError: for a damaged or edited file (layout, SHA-256 of the config or of a tensor,
+            a ``model.json`` that differs from the weights' config), an unknown builder, another
+            format or library version, sizes the file cannot describe, tensors that are missing,
+            extra, of the wrong shape or dtype, or not finite, or an unusable ``map_location``.
+    """
+    device = _device(map_location)
+    if Path(path).suffix == ".ckpt":
+        from flows.train.checkpoint import load_model as load_checkpoint_model
+
+        return load_checkpoint_model(path, map_location=device)
+    weights, config_path = _paths(path)
+    if not weights.is_file():
+        raise FileNotFoundError(f"load_model: no model file at {str(path)!r} (looked for {weights})")
+    header, metadata, body = _read_header(weights, data=True)
+    where = repr(str(weights))
+    config = _verified_config(weights, config_path, metadata)
+    _check_version(config)
+    _check_table(config, header, body, where)
+    model = _build(config, header, body, where)
+    dtype = getattr(torch, str(config.get("dtype")), None)
+    if not isinstance(dtype, torch.dtype) or not dtype.is_floating_point:
+        raise ModelFileError(
+            f"load_model: expected a floating 'dtype' in the config of {where}, got {config.get('dtype')!r}"
+        )
+    model = model.to(dtype)
+    found = {name: _tensor(entry, body) for name, entry in header.items()}
+    aliases = config.get("aliases") or {}
+    if not isinstance(aliases, dict) or not all(isinstance(v, str) for v in aliases.values()):
+        raise ModelFileError(
+            f"load_model: expected 'aliases' to map tensor names to names in {where}, got {aliases!r:.80}"
+        )
+    for alias, source in aliases.items():
+        if source in found:
+            found[alias] = found[source]
+    _check_tensors(found, model.state_dict(), where)
+    bad = [key for key, value in found.items() if value.is_floating_point() and not bool(torch.isfinite(value).all())]
+    if bad:
+        raise ModelFileError(
+            f"load_model: expected finite weights in {where}, got NaN/Inf values in {bad[:3]}"
+            + (f" and {len(bad) - 3} more" if len(bad) > 3 else "")
+        )
+    model.load_state_dict(found, strict=True)
+    return model.to(device).eval()
+
+
 def _check_tensors(found: dict[str, Tensor], expected: dict[str, Tensor], where: str) -> None:
     missing = sorted(set(expected) - set(found))
     extra = sorted(set(found) - set(expected))
@@ -258,73 +733,8 @@ def _check_tensors(found: dict[str, Tensor], expected: dict[str, Tensor], where:
                 f"load_model: expected tensor {name!r} of shape {tuple(t.shape)}, got {tuple(found[name].shape)} "
                 f"in {where}"
             )
-
-
-def load_model(path: str | os.PathLike, *, map_location: str | torch.device = "cpu") -> nn.Module:
-    """Rebuild a model saved by :func:`save_model` (or a ``flows fit`` run directory) in one call.
-
-    Args:
-        path: the ``.safetensors`` file, the ``.json`` file, their common stem, or a directory
-            holding ``model.safetensors`` (a ``flows fit`` run directory). A ``.ckpt`` file of the
-            training checkpoint format is loaded with :func:`flows.train.load_model`.
-        map_location: device of the returned model's tensors.
-
-    Returns:
-        the model, in eval mode, of the builder's own class.
-
-    Raises:
-        FileNotFoundError: when there is no model file.
-        ModelFileError: for an unknown builder, another format or library version, or tensors that
-            are missing, extra or of the wrong shape.
-    """
-    if Path(path).suffix == ".ckpt":
-        from flows.train.checkpoint import load_model as load_checkpoint_model
-
-        return load_checkpoint_model(path, map_location=map_location)
-    config = read_model_config(path)
-    _check_version(config)
-    builders = _builders()
-    name = config.get("builder")
-    if name not in builders:
-        raise ModelFileError(
-            f"load_model: expected a builder among {sorted(builders)}, got {name!r} "
-            "(a custom builder must be registered with flows.train.register_model before loading)"
-        )
-    arguments = _decode(config.get("arguments", {}))
-    if not isinstance(arguments, dict):
-        raise ModelFileError(f"load_model: expected 'arguments' to be a JSON object, got {arguments!r}")
-    try:
-        model = builders[name](**arguments)
-    except (TypeError, ValueError) as error:
-        raise ModelFileError(f"load_model: {name} refused the arguments of the model file: {error}") from error
-    from flows.bijections.base import Bijection
-    from flows.train.config import _layers
-
-    layers = _layers()
-    front, options = [], []
-    for item in config.get("preprocessing") or []:
-        layer = item.get("layer") if isinstance(item, dict) else None
-        if layer not in layers:
-            raise ModelFileError(f"load_model: expected preprocessing layers among {sorted(layers)}, got {item!r}")
-        front.append(layers[layer](model.event_shape, **item.get("options", {})))
-        options.append(item.get("options", {}))
-    if front:
-        model.prepend(*[t for t in front if isinstance(t, Bijection)], options=options)
-    weights, _ = _paths(path)
-    from safetensors.torch import load_file
-
-    found = load_file(str(weights))
-    aliases = config.get("aliases") or {}
-    for alias, source in aliases.items():
-        if source in found:
-            found[alias] = found[source]
-    expected = model.state_dict()
-    _check_tensors(found, expected, repr(str(weights)))
-    bad = [key for key, value in found.items() if value.is_floating_point() and not bool(torch.isfinite(value).all())]
-    if bad:
-        raise ModelFileError(
-            f"load_model: expected finite weights in {str(weights)!r}, got NaN/Inf values in {bad[:3]}"
-            + (f" and {len(bad) - 3} more" if len(bad) > 3 else "")
-        )
-    model.load_state_dict(found, strict=True)
-    return model.to(map_location).eval()
+        if found[name].dtype != t.dtype:
+            raise ModelFileError(
+                f"load_model: expected tensor {name!r} of dtype {t.dtype}, got {found[name].dtype} in {where} "
+                "(refused rather than converted)"
+            )

@@ -157,3 +157,46 @@ def test_damaged_entries_of_a_training_state_are_named(tmp_path: Path, edit, mes
     crafted = _craft(tmp_path / "crafted.ckpt", {k: header[k] for k in ("kind", "config", "info")}, state)
     with pytest.raises(CheckpointError, match=message):
         Trainer(build_model(config), config=config).resume(crafted)
+
+
+def _shrunk_record(state: dict) -> bytes:
+    """A torch.save archive of ``state`` whose first storage record is cut to 4 bytes (its pickle claims more)."""
+    import zipfile
+
+    buffer = io.BytesIO()
+    torch.save(state, buffer)
+    source = zipfile.ZipFile(io.BytesIO(buffer.getvalue()))
+    out = io.BytesIO()
+    with zipfile.ZipFile(out, "w") as target:
+        for item in source.infolist():
+            data = source.read(item)
+            target.writestr(item, data[:4] if item.filename.endswith("data/0") else data)
+    return out.getvalue()
+
+
+def test_a_stride_zero_tensor_of_1e11_elements_is_refused_before_allocating(tmp_path: Path) -> None:
+    # torch.save writes the one-element storage with size (1e11,) and stride (0,): 400 GB once materialized
+    path = save_checkpoint(tmp_path / "x.ckpt", {"model": {"w": torch.ones(1).expand(10**11)}}, kind="model")
+    # (were it materialized, torch would fail with a RuntimeError from its allocator, not this error)
+    with pytest.raises(CheckpointError, match=r"tensor of 100000000000 elements .* over a storage of 1"):
+        load_checkpoint(path)
+    with pytest.raises(CheckpointError, match="refused before allocating"):
+        load_model(path)
+
+
+def test_a_storage_larger_than_its_record_is_refused(tmp_path: Path) -> None:
+    payload = _shrunk_record({"model": {"w": torch.ones(1000)}})
+    header = json.dumps({"format": "flows-checkpoint", "version": 1, "kind": "model", "payload_bytes": len(payload)})
+    body = MAGIC + len(header).to_bytes(8, "little") + header.encode() + payload
+    path = tmp_path / "x.ckpt"
+    path.write_bytes(body + hashlib.sha256(body).digest())
+    with pytest.raises(CheckpointError, match="a storage of 4000 bytes whose record holds 4 bytes"):
+        load_checkpoint(path)
+
+
+def test_views_and_empty_tensors_still_load(tmp_path: Path) -> None:
+    base = torch.arange(12.0).reshape(3, 4)
+    state = {"model": {"column": base[:, 1], "empty": torch.ones(0, 5), "t": base.t()}, "n": [1, (2, 3)]}
+    loaded = load_checkpoint(save_checkpoint(tmp_path / "x.ckpt", state, kind="model")).state
+    assert torch.equal(loaded["model"]["column"], base[:, 1]) and loaded["model"]["empty"].shape == (0, 5)
+    assert torch.equal(loaded["model"]["t"], base.t()) and loaded["n"] == [1, (2, 3)]

@@ -127,7 +127,7 @@ def test_errors_are_clear_and_exit_non_zero(tmp_path: Path, capsys) -> None:
     out = tmp_path / "iris"
     assert main(["fit", "--data", "iris", "--epochs", "1", "--out", str(out), "--quiet", "--no-plots", *TINY]) == 0
     assert main(["fit", "--data", "iris", "--epochs", "1", "--out", str(out), *TINY]) == 2
-    assert "already holds a run; pass --resume" in capsys.readouterr().err
+    assert "already holds a run (run.json" in capsys.readouterr().err
     with pytest.raises(SystemExit) as exit_info:
         main(["fit", "--hidden", "a,b"])
     assert exit_info.value.code == 2 and "expected comma-separated integers" in capsys.readouterr().err

@@ -356,9 +356,24 @@ def test_user_field_for_image_shaped_events() -> None:
         ({"eval_trace": "fast"}, ValueError, r"expected eval_trace in"),
         ({"noise": "uniform"}, ValueError, r"expected noise in \('rademacher', 'gaussian'\)"),
         ({"method": "rk45"}, ValueError, r"expected method in \("),
-        ({"rtol": 0.0}, ValueError, r"expected positive tolerances, got rtol=0.0"),
-        ({"t0": 1.0, "t1": 1.0}, ValueError, r"expected finite t0 != t1, got t0=1.0, t1=1.0"),
-        ({"kinetic": -1.0}, ValueError, r"expected non-negative RNODE weights"),
+        ({"rtol": 0.0}, ValueError, r"expected rtol to be a finite number > 0 and <= 1, got 0.0"),
+        ({"rtol": math.inf}, ValueError, r"expected rtol to be a finite number > 0 and <= 1, got inf"),
+        ({"atol": "1e-5"}, TypeError, r"expected atol to be a real number, got str '1e-5'"),
+        ({"t0": 1.0, "t1": 1.0}, ValueError, r"expected t0 and t1 distinct and finite in torch.float32"),
+        # distinct in float64, equal after rounding to float32: a solve over nothing
+        ({"t0": 1.0, "t1": 1.0 + 1e-9}, ValueError, r"expected t0 and t1 distinct and finite in torch.float32"),
+        ({"t1": 1e-300}, ValueError, r"expected t0 and t1 distinct .* got t0=0.0, t1=1e-300"),
+        ({"t1": math.nan}, ValueError, r"expected t1 to be a finite number, got nan"),
+        ({"kinetic": -1.0}, ValueError, r"expected kinetic to be a finite number >= 0, got -1.0"),
+        ({"kinetic": math.inf}, ValueError, r"expected kinetic to be a finite number >= 0, got inf"),
+        ({"method": "euler", "options": {"step_size": 0.0}}, ValueError, r"expected options\['step_size'\]"),
+        ({"method": "euler", "options": {"step_size": -0.1}}, ValueError, r"expected options\['step_size'\]"),
+        ({"method": "euler", "options": {"step_size": math.nan}}, ValueError, r"expected options\['step_size'\]"),
+        ({"options": [("step_size", 0.1)]}, TypeError, r"expected options to be a dict or None"),
+        ({"adjoint": "yes"}, TypeError, r"expected adjoint to be a bool"),
+        ({"max_evaluations": 0}, ValueError, r"expected max_evaluations to be an integer >= 1, got 0"),
+        ({"seed": 1.5}, TypeError, r"expected seed to be an integer, got float 1.5"),
+        ({"method": ["dopri5"]}, ValueError, r"expected method in"),
         ({"field": lambda t, z: z}, TypeError, r"expected field to be an nn.Module, got function"),
         ({"context": -1}, ValueError, r"expected context to be an int >= 0, got -1"),
         ({"activation": nn.ReLU}, ValueError, r"TimeMLP: expected a smooth activation among .*, got ReLU"),
@@ -396,3 +411,67 @@ def test_a_failing_solve_raises_a_clear_error() -> None:
     nan_input[1, 0] = float("nan")
     with pytest.raises(FloatingPointError, match=r"expected a finite, non-stiff field: check the inputs"):
         _cnf(2).forward_and_log_det(nan_input)
+
+
+# -- fields that do not depend on z, fixed-step defaults, the evaluation bound (issue 27) ------------
+class Constant(nn.Module):
+    """``f(t, z) = c``: a translation by ``(t1 - t0) c``, divergence 0 (autograd sees no use of ``z``)."""
+
+    def __init__(self, c: Tensor, learnable: bool = False) -> None:
+        super().__init__()
+        self.c = nn.Parameter(c) if learnable else c
+
+    def forward(self, t: Tensor, z: Tensor) -> Tensor:
+        return self.c.to(z.dtype).expand_as(z)
+
+
+class TimeOnly(nn.Module):
+    """``f(t, z) = t 1``: ``z(t1) = z(t0) + (t1² - t0²)/2``, divergence 0."""
+
+    def forward(self, t: Tensor, z: Tensor) -> Tensor:
+        return t * torch.ones_like(z)
+
+
+@pytest.mark.parametrize("trace", ["exact", "hutchinson"])
+@pytest.mark.parametrize("learnable", [False, True])
+def test_a_field_that_does_not_depend_on_z_has_zero_divergence(trace: str, learnable: bool) -> None:
+    c = torch.tensor([1.0, -2.0], dtype=F64)
+    x = _x(4, 2)
+    for field, shift in ((Constant(c, learnable), 1.5 * c), (TimeOnly(), torch.full((2,), (2.0**2 - 0.5**2) / 2))):
+        cnf = CNF(2, field=field, trace=trace, t0=0.5, t1=2.0, rtol=1e-9, atol=1e-9).double()
+        z, ladj = cnf.forward_and_log_det(x)
+        torch.testing.assert_close(z, x + shift.to(F64))
+        torch.testing.assert_close(ladj, torch.zeros(4, dtype=F64))
+        back, ladj_back = cnf.inverse_and_log_det(z)
+        torch.testing.assert_close(back, x)
+        torch.testing.assert_close(ladj_back, torch.zeros(4, dtype=F64))
+        log_p = Flow(cnf, StandardNormal(2)).double().log_prob(x)  # ... and with a graph (a training step)
+        if learnable and isinstance(field, Constant):
+            log_p.sum().backward()
+            assert field.c.grad is not None and torch.isfinite(field.c.grad).all()
+
+
+def test_a_fixed_step_solver_without_a_step_size_takes_a_hundred_steps() -> None:
+    a = _matrix()
+    cnf = CNF(3, field=Linear(a), method="euler", t1=2.0)
+    assert cnf.options["step_size"] == pytest.approx(0.02)
+    x = _x(4, 3)
+    z, _ = cnf.forward_and_log_det(x)
+    assert cnf.nfe == 100  # not torchdiffeq's one step over the whole interval
+    exact = x @ torch.linalg.matrix_exp(2 * a).T
+    one_step = x + 2 * x @ a.T
+    assert (z - exact).abs().max() < 0.2 * (one_step - exact).abs().max()
+
+
+def test_the_evaluation_bound_stops_a_runaway_solve_and_names_the_limit() -> None:
+    assert CNF(2).max_evaluations == flows.bijections.continuous.MAX_EVALUATIONS == 10_000
+    cnf = CNF(2, hidden=(8,), t1=1e30, max_evaluations=300)  # the interval of issue 27's hang
+    with pytest.raises(FloatingPointError, match=r"over \[0, 1e\+30\] needed more than max_evaluations=300"):
+        cnf.forward_and_log_det(torch.randn(3, 2))
+    assert CNF(2, hidden=(8,), max_evaluations=300).forward_and_log_det(torch.randn(3, 2))[0].shape == (3, 2)
+
+
+def test_an_interval_that_collapses_in_the_input_dtype_is_refused_when_called() -> None:
+    cnf = CNF(2, hidden=(8,), t0=1.0, t1=1.0 + 1e-6)  # distinct in float32, equal in float16
+    with pytest.raises(ValueError, match=r"expected t0 and t1 distinct and finite in torch.float16"):
+        cnf.half().forward_and_log_det(torch.zeros(2, 2, dtype=torch.float16))

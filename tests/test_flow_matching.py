@@ -5,7 +5,6 @@ from __future__ import annotations
 import functools
 import itertools
 import math
-import warnings
 from pathlib import Path
 
 import pytest
@@ -14,7 +13,7 @@ from torch import nn
 
 import flows
 from flows import CNF, Flow, StandardNormal
-from flows.train import FlowMatching, NonFiniteGuard, Trainer, TrainingWarning
+from flows.train import FlowMatching, NonFiniteGuard, Trainer
 from flows.train.flow_matching import flow_matching_parts, ot_coupling
 
 
@@ -124,7 +123,7 @@ def test_time_power_draws_times_as_powers_of_uniforms_and_is_validated() -> None
         assert torch.allclose(cdf, quantiles.double() ** (1 / power), atol=5e-3), (power, cdf)
     assert "time_power=3" in repr(FlowMatching(time_power=3.0)) and "time_power" not in repr(FlowMatching())
     for bad in (0.0, -1.0, float("inf"), float("nan")):
-        with pytest.raises(ValueError, match="expected a finite time_power > 0"):
+        with pytest.raises(ValueError, match="expected time_power to be a finite number > 0"):
             FlowMatching(time_power=bad)
 
 
@@ -304,7 +303,7 @@ def test_couplings_pair_within_context_groups_and_callables_are_checked() -> Non
         FlowMatching(coupling=lambda x, z: (x[:3], z))(Flow(CNF(2, hidden=(8,)), StandardNormal(2)), (x,))
     with pytest.raises(ValueError, match="expected coupling in"):
         FlowMatching(coupling="sinkhorn")
-    with pytest.raises(ValueError, match=r"expected a finite sigma >= 0, got -0\.1"):
+    with pytest.raises(ValueError, match=r"expected sigma to be a finite number >= 0 and <= 1e\+150, got -0\.1"):
         FlowMatching(sigma=-0.1)
 
 
@@ -380,17 +379,18 @@ def test_trainer_resumes_flow_matching_exactly_and_validates_with_the_ode(tmp_pa
     assert resumed.history["val_loss"][-1] == full.history["val_loss"][-1]
 
 
-def test_the_nan_guard_catches_a_non_finite_flow_matching_loss() -> None:
+def test_a_nan_row_stops_training_with_its_index_instead_of_being_dropped_by_the_nan_guard() -> None:
     x = torch.randn(100, 2, generator=torch.Generator().manual_seed(0))
-    x[30] = math.nan  # one bad row poisons the second batch of 25
+    x[30] = math.nan  # row 5 of the second batch of 25
     guard = NonFiniteGuard(max_consecutive=3)
     trainer = _fm_trainer(guard=guard)
-    trainer.objective = FlowMatching()  # no coupling: the assignment would refuse NaN rows first
-    with warnings.catch_warnings():
-        warnings.simplefilter("ignore", TrainingWarning)
-        history = trainer.fit(x, epochs=1, batch_size=25, shuffle=False)
-    assert guard.skipped == 1 and history["skipped"] == [1.0]
-    assert all(torch.isfinite(p).all() for p in trainer.model.parameters())
+    trainer.objective = FlowMatching()
+    with pytest.raises(
+        ValueError,
+        match=r"FlowMatching: expected a finite input, got 2 NaN/Inf value\(s\), the first at index \(5, 0\)",
+    ):
+        trainer.fit(x, epochs=1, batch_size=25, shuffle=False)
+    assert guard.skipped == 0  # refused, not skipped as a "non-finite step"
 
 
 def test_cli_fit_with_flow_matching_on_a_cnf_and_refusal_for_other_models(tmp_path: Path, capsys) -> None:
@@ -478,3 +478,81 @@ def test_benchmark_smoke(capsys, tmp_path: Path) -> None:
     assert stable["test_delta"] == pytest.approx(stable["test_nll"] - ml["test_nll"], abs=1e-5)
     assert "medians over seeds [0]" in capsys.readouterr().out
     assert (tmp_path / "curves.png").stat().st_size > 1000
+
+
+# -- the checks of Flow.log_prob, and the options (issue 27) --------------------------------------
+def _bad_batches() -> list:
+    x = torch.randn(6, 2)
+    nan_row = x.clone()
+    nan_row[3, 1] = math.nan
+    return [
+        ((x[:0],), ValueError, r"expected a batch of at least one row, got data of shape \(0, 2\)"),
+        ((x[0],), ValueError, r"expected data of shape \(N, \*event\) with 1 event dimension\(s\), got shape \(2,\)"),
+        ((torch.randn(6, 3),), ValueError, r"expected input of shape \(\*batch, 2\), got \(6, 3\)"),
+        ((torch.ones(6, 2, dtype=torch.long),), TypeError, r"expected a floating-point input, got dtype torch.int64"),
+        ((nan_row,), ValueError, r"expected a finite input, got 1 NaN/Inf value\(s\), the first at index \(3, 1\)"),
+        ((x, torch.randn(6, 1)), ValueError, "expected no context for Flow, which takes none"),
+    ]
+
+
+@pytest.mark.parametrize(("batch", "error", "match"), _bad_batches())
+def test_flow_matching_refuses_what_maximum_likelihood_refuses(batch: tuple, error: type, match: str) -> None:
+    from flows.train import MaximumLikelihood
+
+    flow = Flow(CNF(2, hidden=(8,)), StandardNormal(2))
+    with pytest.raises(error, match=match):
+        FlowMatching()(flow, batch)
+    with pytest.raises(error):  # the same class of error from the same checks
+        MaximumLikelihood()(flow, batch)
+
+
+def test_flow_matching_checks_the_context_of_a_conditional_cnf() -> None:
+    flow = Flow(CNF(2, 1, hidden=(8,)), StandardNormal(2), context=1)
+    x, c = torch.randn(6, 2), torch.randn(6, 1)
+    assert torch.isfinite(FlowMatching()(flow, (x, c)))
+    with pytest.raises(ValueError, match=r"expected a context of shape \(\*batch, 1\), got None"):
+        FlowMatching()(flow, (x,))
+    with pytest.raises(TypeError, match="context"):
+        FlowMatching()(flow, (x, torch.ones(6, 1, dtype=torch.long)))
+    bad = c.clone()
+    bad[2] = math.nan
+    with pytest.raises(
+        ValueError, match=r"expected a finite context, got 1 NaN/Inf value\(s\), the first at index \(2, 0\)"
+    ):
+        FlowMatching()(flow, (x, bad))
+    # a flow without a declared context width: the CNF's own width decides, as in its solve
+    unconditional = Flow(CNF(2, hidden=(8,)), StandardNormal(2))
+    with pytest.raises(ValueError, match="expected no context"):
+        FlowMatching()(unconditional, (x, c))
+
+
+def test_flow_matching_refuses_rnode_weights_it_would_not_add() -> None:
+    flow = Flow(CNF(2, hidden=(8,), kinetic=0.1), StandardNormal(2))
+    with pytest.raises(
+        ValueError, match=r"RNODE weights \(kinetic=0.1, jacobian=0\), which flow matching does not add"
+    ):
+        FlowMatching()(flow, (torch.randn(4, 2),))
+
+
+@pytest.mark.parametrize(
+    ("options", "error", "match"),
+    [
+        ({"sigma": 1e300}, ValueError, r"expected sigma to be a finite number >= 0 and <= 1e\+150, got 1e\+300"),
+        ({"sigma": math.inf}, ValueError, "expected sigma to be a finite number"),
+        ({"sigma": math.nan}, ValueError, "expected sigma to be a finite number"),
+        ({"sigma": "0.1"}, TypeError, "expected sigma to be a real number, got str"),
+        ({"time_power": True}, TypeError, "expected time_power to be a real number, got bool"),
+        ({"eval_nll": 1}, TypeError, "expected eval_nll to be a bool"),
+        ({"eval_seed": 0.5}, TypeError, "expected eval_seed to be an integer"),
+        ({"target": "stable", "reference_size": 4}, ValueError, "reference_size draws rows from reference, got"),
+    ],
+)
+def test_flow_matching_options_out_of_domain(options: dict, error: type, match: str) -> None:
+    with pytest.raises(error, match=match):
+        FlowMatching(**options)
+
+
+def test_a_sigma_that_overflows_the_data_dtype_is_an_error_not_a_skipped_step() -> None:
+    flow = Flow(CNF(2, hidden=(8,)), StandardNormal(2))
+    with pytest.raises(ValueError, match=r"overflow torch.float32 with sigma=1e\+100"):
+        FlowMatching(sigma=1e100)(flow, (torch.randn(4, 2),))

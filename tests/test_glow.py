@@ -62,8 +62,11 @@ def test_temperature_scales_the_base_sample() -> None:
     torch.testing.assert_close(x, g.transform.inverse(0.5 * z))
     torch.manual_seed(5)
     torch.testing.assert_close(g.sample((3,), temperature=1.0), g.transform.inverse(z))
-    with pytest.raises(ValueError, match="expected a positive temperature"):
-        g.sample((3,), temperature=0.0)
+    for bad in (0.0, -1.0, float("inf"), float("nan")):  # inf gave NaN images
+        with pytest.raises(ValueError, match="Glow: expected temperature to be a finite number > 0"):
+            g.sample((3,), temperature=bad)
+    with pytest.raises(TypeError, match="Glow: expected temperature to be a real number, got str"):
+        g.sample((3,), temperature="0.7")
 
 
 def test_class_conditional_glow() -> None:

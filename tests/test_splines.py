@@ -261,11 +261,18 @@ def test_one_bin_and_elementwise_and_coupling_use() -> None:
 def test_bad_arguments() -> None:
     with pytest.raises(ValueError, match="expected bins to be an int >= 1, got 0"):
         RationalQuadraticSpline(0)
-    with pytest.raises(ValueError, match="expected bound > 0, got -1"):
+    with pytest.raises(ValueError, match=r"expected bound to be a finite number > 0 and <= 1e\+30, got -1"):
         RationalQuadraticSpline(4, bound=-1.0)
+    for bound in (math.inf, math.nan, 1e300):  # inf gave NaN outputs
+        with pytest.raises(ValueError, match="expected bound to be a finite number > 0"):
+            RationalQuadraticSpline(4, bound=bound)
+    with pytest.raises(TypeError, match="expected bound to be a real number, got str"):
+        RationalQuadraticSpline(4, bound="5")
+    with pytest.raises(ValueError, match=r"expected min_derivative to be a finite number > 0, got 0\.0"):
+        RationalQuadraticSpline(4, min_derivative=0.0)  # gave a NaN log-det at a finite input
     with pytest.raises(ValueError, match=r"expected 0 <= min_bin_width < 1/bins = 0\.25, got 0\.3"):
         RationalQuadraticSpline(4, min_bin_width=0.3)
-    with pytest.raises(ValueError, match=r"expected 0 <= min_derivative < 1, got 1\.5"):
+    with pytest.raises(ValueError, match=r"expected 0 < min_derivative < 1, got 1\.5"):
         RationalQuadraticSpline(4, min_derivative=1.5)
     spline = RationalQuadraticSpline(4)
     with pytest.raises(ValueError, match=r"expected raw parameters of shape \(\*, 11\) \(3 \* bins - 1 with bins=4\)"):

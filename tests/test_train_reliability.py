@@ -6,6 +6,7 @@ from __future__ import annotations
 import json
 import math
 import os
+import re
 import signal
 import stat
 import subprocess
@@ -187,7 +188,8 @@ def _constant_schedule(optimizer):
     return torch.optim.lr_scheduler.LambdaLR(optimizer, lambda step: 1.0)  # lr = base_lrs, closed form
 
 
-def test_rollbacks_halve_the_snapshot_lr_once_and_resume_restores_the_reduced_lr(tmp_path: Path) -> None:
+def test_consecutive_rollbacks_compound_the_backoff_and_resume_restores_the_reduced_lr(tmp_path: Path) -> None:
+    """Issue 27: k rollbacks in a row (no good step between) give lr_factor**k of the snapshot's rate, not 0.5 each."""
     path = tmp_path / "run.ckpt"
     guard = NonFiniteGuard(max_consecutive=1, lr_factor=0.5, max_rollbacks=3)
     trainer = Trainer(
@@ -197,13 +199,54 @@ def test_rollbacks_halve_the_snapshot_lr_once_and_resume_restores_the_reduced_lr
     with pytest.warns(TrainingWarning):
         history = trainer.fit(_data(), epochs=1, batch_size=25)  # 3 bad steps in a row, then 4 good ones
     rollbacks = [e["message"] for e in history.events if "rolled back" in e["message"]]
-    assert len(rollbacks) == 3 and all("learning rate to 0.05 " in m for m in rollbacks)
-    assert trainer.lr == pytest.approx(0.05) and trainer.scheduler.base_lrs == pytest.approx([0.05])  # not 0.1 / 8
+    assert [re.search(r"learning rate to (\S+) ", m).group(1) for m in rollbacks] == ["0.05", "0.025", "0.0125"]
+    assert trainer.lr == pytest.approx(0.1 / 8) and trainer.scheduler.base_lrs == pytest.approx([0.1 / 8])
+    assert guard.rollbacks_in_a_row == 0  # the good steps after the third rollback reset the count
 
     resumed = Trainer(_model(), lr=0.1, scheduler=_constant_schedule, scheduler_interval="step").resume(path)
-    assert resumed.lr == pytest.approx(0.05) and resumed.scheduler.base_lrs == pytest.approx([0.05])
+    assert resumed.lr == pytest.approx(0.1 / 8) and resumed.scheduler.base_lrs == pytest.approx([0.1 / 8])
     resumed.fit(_data(), epochs=2, batch_size=25)
-    assert resumed.history["lr"][-1] == pytest.approx(0.05)
+    assert resumed.history["lr"][-1] == pytest.approx(0.1 / 8)
+
+
+def test_a_good_step_between_rollbacks_resets_the_backoff_to_one_factor() -> None:
+    """The other direction: bad, good, bad gives one halving of the snapshot's rate at both rollbacks."""
+    guard = NonFiniteGuard(max_consecutive=1, lr_factor=0.5, max_rollbacks=3)
+    trainer = Trainer(_model(), _NaNSteps({2, 4}), lr=0.1, guard=guard)
+    with pytest.warns(TrainingWarning):
+        history = trainer.fit(_data(), epochs=1, batch_size=25)
+    rollbacks = [e["message"] for e in history.events if "rolled back" in e["message"]]
+    assert [re.search(r"learning rate to (\S+) ", m).group(1) for m in rollbacks] == ["0.05", "0.05"]
+    assert all("rollback 1 in a row" in m for m in rollbacks)
+    assert trainer.lr == pytest.approx(0.05)
+
+
+def test_guard_state_dict_keeps_the_rollbacks_in_a_row_and_reads_older_checkpoints() -> None:
+    guard = NonFiniteGuard()
+    guard.rollbacks_in_a_row = 2
+    again = NonFiniteGuard()
+    again.load_state_dict(guard.state_dict())
+    assert again.rollbacks_in_a_row == 2
+    again.load_state_dict({"consecutive": 0, "skipped": 1, "rollbacks": 1})  # saved before the count existed
+    assert again.rollbacks_in_a_row == 0
+
+
+@pytest.mark.skipif(not hasattr(signal, "SIGHUP"), reason="SIGHUP is POSIX")
+def test_sighup_stops_training_at_a_step_boundary_like_sigint(tmp_path: Path) -> None:
+    """A closed terminal (SIGHUP) stops like Ctrl-C: a whole number of steps in the checkpoint, the signal recorded."""
+
+    class _HangUp(Callback):
+        def on_step_end(self, trainer, metrics) -> None:
+            if trainer.step == 3:
+                os.kill(os.getpid(), signal.SIGHUP)
+
+    previous = signal.getsignal(signal.SIGHUP)
+    trainer = Trainer(_model(), lr=1e-2, checkpoint=tmp_path / "run.ckpt", callbacks=[_HangUp()])
+    trainer.fit(_data(), epochs=5, batch_size=25)
+    assert trainer.interrupted == signal.SIGHUP and trainer.step == 3
+    assert signal.getsignal(signal.SIGHUP) == previous  # the handler is put back
+    resumed = Trainer(_model(), lr=1e-2, callbacks=[_HangUp()]).resume(tmp_path / "run.ckpt")
+    assert resumed.step == 3
 
 
 # -- 3. early stopping keeps the best weights whatever the patience --------------------------------------------------

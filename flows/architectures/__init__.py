@@ -4,10 +4,30 @@ One module per family; every builder is a :class:`~flows.flow.Flow` subclass.
 """
 
 from flows.architectures.autoregressive import IAF, MAF, NSF
+from flows.architectures.circular import NCSF
 from flows.architectures.continuous import FFJORD
 from flows.architectures.coupling import NICE, RealNVP
 from flows.architectures.glow import Glow
 from flows.architectures.injective import FreeFormInjectiveFlow
+from flows.architectures.monotone import BNAF, BPF, NAF, SOSPF, UNAF
+from flows.architectures.residual import ResidualFlow
 from flows.architectures.transformer import TarFlow
 
-__all__ = ["FFJORD", "IAF", "MAF", "NICE", "NSF", "FreeFormInjectiveFlow", "Glow", "RealNVP", "TarFlow"]
+__all__ = [
+    "BNAF",
+    "BPF",
+    "FFJORD",
+    "IAF",
+    "MAF",
+    "NAF",
+    "NCSF",
+    "NICE",
+    "NSF",
+    "SOSPF",
+    "UNAF",
+    "FreeFormInjectiveFlow",
+    "Glow",
+    "RealNVP",
+    "ResidualFlow",
+    "TarFlow",
+]

@@ -9,7 +9,7 @@ from torch import Tensor, nn
 from flows._deprecation import renamed_keywords
 from flows.architectures._arguments import check_builder
 from flows.bijections.base import Chain
-from flows.bijections.continuous import CNF, total_nfe
+from flows.bijections.continuous import CNF, MAX_EVALUATIONS, total_nfe
 from flows.bijections.standardize import Standardize
 from flows.distributions import StandardNormal
 from flows.flow import Flow
@@ -55,6 +55,7 @@ class FFJORD(Flow):
         adjoint: backpropagate with the adjoint method.
         kinetic: RNODE kinetic-energy weight.
         jacobian: RNODE Jacobian-Frobenius weight.
+        max_evaluations: the most field evaluations one block's solve may take (see :class:`~flows.CNF`).
         standardize: data ``(N, D)`` or a fitted :class:`~flows.bijections.Standardize` layer, put in
             front of the flow so that raw data is modelled in data units (see :class:`~flows.flow.Flow`).
 
@@ -86,6 +87,7 @@ class FFJORD(Flow):
         adjoint: bool = False,
         kinetic: float = 0.0,
         jacobian: float = 0.0,
+        max_evaluations: int = MAX_EVALUATIONS,
         standardize: Tensor | Standardize | None = None,
     ) -> None:
         check_builder("FFJORD", features, context, transforms=transforms, hidden=hidden, activation=activation)
@@ -107,6 +109,7 @@ class FFJORD(Flow):
                 adjoint=adjoint,
                 kinetic=kinetic,
                 jacobian=jacobian,
+                max_evaluations=max_evaluations,
             )
             for _ in range(transforms)
         ]

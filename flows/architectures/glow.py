@@ -24,7 +24,7 @@ import torch
 from torch import Tensor, nn
 
 from flows._deprecation import record_argument
-from flows._validation import as_sample_shape
+from flows._validation import as_sample_shape, check_number
 from flows.architectures._arguments import check_activation, check_choice, check_context, check_count, check_hidden
 from flows.bijections.base import Bijection, Chain
 from flows.bijections.circulant import CirculantDiagonal2d
@@ -293,9 +293,12 @@ class Glow(Flow):
         """Samples ``(*sample_shape, *context_batch, C, H, W)``; ``temperature`` scales the base sample.
 
         ``temperature < 1`` (Glow uses 0.7) trades diversity for cleaner images; 1 samples the model.
+
+        Raises:
+            ValueError: for a temperature that is not a finite number > 0 (``inf`` gave NaN images).
+            TypeError: for a temperature that is not a number.
         """
-        if not temperature > 0:
-            raise ValueError(f"Glow: expected a positive temperature, got {temperature}")
+        temperature = check_number("Glow", "temperature", temperature, minimum=0, strict=True)
         if temperature == 1.0:
             return self.rsample(sample_shape, context)
         self._check_context(context)

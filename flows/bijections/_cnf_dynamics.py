@@ -8,7 +8,31 @@ from collections.abc import Callable
 import torch
 from torch import Tensor, nn
 
-__all__ = ["ADAPTIVE_ORDER", "Dynamics", "error_norm", "initial_step"]
+__all__ = [
+    "ADAPTIVE_ORDER",
+    "DEFAULT_STEPS",
+    "MAX_EVALUATIONS",
+    "Dynamics",
+    "EvaluationLimitExceeded",
+    "check_interval",
+    "error_norm",
+    "initial_step",
+    "solver_options",
+]
+
+MAX_EVALUATIONS = 10_000
+"""Default bound on the field evaluations of one solve (``CNF(max_evaluations=...)``).
+
+A well-posed solve on a unit interval takes tens to a few hundred evaluations (dopri5: six a
+step); ten thousand is far above any the library's tests and benchmarks reach, and bounds the
+work of a stiff field or an absurd interval (``t1=1e30``) to seconds instead of hours."""
+
+DEFAULT_STEPS = 100
+"""Steps over ``[t0, t1]`` of a fixed-step solver given no ``step_size``: ``|t1 - t0| / 100``."""
+
+
+class EvaluationLimitExceeded(FloatingPointError):
+    """A solve needed more field evaluations than ``CNF(max_evaluations=...)`` allows."""
 
 
 class Dynamics(nn.Module):
@@ -42,6 +66,8 @@ class Dynamics(nn.Module):
         self.features = math.prod(event_shape)
         self.calls = 0
         self.on_call: Callable[[], None] | None = None
+        self.limit: int | None = None
+        self.interval = ""
 
     def _field(self, t: Tensor, z: Tensor) -> Tensor:
         return self.field(t, z) if self.context is None else self.field(t, z, self.context)
@@ -68,17 +94,32 @@ class Dynamics(nn.Module):
                 z = z.detach().requires_grad_(True)
             f = self._field(t, z)
             tangents = self._tangents(z)
+            k = 1 if self.noise is not None else self.features
+            if not f.requires_grad:  # a field that depends on nothing with a gradient: J = 0
+                return f, z.new_zeros(k, *z.shape)
+            # allow_unused: a field that does not depend on z (f(t, z) = c(t)) has J = 0, not an error
             if self.noise is not None:
-                rows = torch.autograd.grad(f, z, tangents[0], create_graph=create_graph)[0][None]
+                rows = torch.autograd.grad(f, z, tangents[0], create_graph=create_graph, allow_unused=True)[0]
+                rows = None if rows is None else rows[None]
             else:
                 grads = tangents.expand(self.features, *z.shape)
-                rows = torch.autograd.grad(f, z, grads, create_graph=create_graph, is_grads_batched=True)[0]
+                rows = torch.autograd.grad(
+                    f, z, grads, create_graph=create_graph, is_grads_batched=True, allow_unused=True
+                )[0]
+        if rows is None:
+            rows = z.new_zeros(k, *z.shape)
         return f, rows
 
     def forward(self, t: Tensor, state: Tensor) -> Tensor:
         self.calls += 1
         if self.on_call is not None:
             self.on_call()
+        elif self.limit is not None and self.calls > self.limit:
+            raise EvaluationLimitExceeded(
+                f"CNF: the ODE solve over {self.interval} needed more than max_evaluations={self.limit} field "
+                f"evaluations (at t = {float(t):.6g}); expected a solve within the limit: check the interval "
+                "[t0, t1] and the field's stiffness, loosen rtol/atol, or raise max_evaluations"
+            )
         n = state.shape[0]
         z = state[:, : self.features].reshape(n, *self.event_shape)
         products = divergence = None
@@ -150,3 +191,42 @@ def initial_step(
     else:
         h1 = (0.01 / torch.maximum(d1, d2)) ** (1.0 / order)
     return torch.minimum(100 * h0, h1).to(times.dtype)
+
+
+def check_interval(t0: float, t1: float, dtype: torch.dtype = torch.float32) -> None:
+    """Raise unless ``t0`` and ``t1`` are distinct and finite in ``dtype``, with a finite span.
+
+    Checked in float32 at construction (the default dtype: ``t1 = 1 + 1e-9`` equals ``t0 = 1``
+    there, and ``t1 = 1e-300`` rounds to 0) and in the input's dtype at every solve.
+
+    Raises:
+        ValueError: naming both times and the dtype.
+    """
+    pair = torch.tensor((t0, t1), dtype=torch.float64).to(dtype)
+    a, b = float(pair[0]), float(pair[1])
+    if not (math.isfinite(a) and math.isfinite(b) and math.isfinite(b - a)) or a == b:
+        raise ValueError(
+            f"CNF: expected t0 and t1 distinct and finite in {dtype} (with a finite t1 - t0), got t0={t0!r}, "
+            f"t1={t1!r} (in {dtype}: {a!r}, {b!r})"
+        )
+
+
+def solver_options(method: str, options: dict | None, t0: float, t1: float) -> dict:
+    """The solver options, checked, with the default step of a fixed-step solver filled in.
+
+    A fixed-step method (``euler``, ``rk4``, ...) without ``step_size`` (or ``grid_constructor``)
+    gets ``step_size = |t1 - t0| / DEFAULT_STEPS``: torchdiffeq's own default is one step over the
+    whole interval, which is silently far from the solution.
+
+    Raises:
+        ValueError: for a ``step_size`` or ``first_step`` that is not a finite number > 0.
+    """
+    from flows._validation import check_number
+
+    options = dict(options or {})
+    for name in ("step_size", "first_step"):
+        if name in options and options[name] is not None:
+            options[name] = check_number("CNF", f"options[{name!r}]", options[name], minimum=0, strict=True)
+    if method not in ADAPTIVE_ORDER and options.get("step_size") is None and "grid_constructor" not in options:
+        options["step_size"] = abs(t1 - t0) / DEFAULT_STEPS
+    return options

@@ -8,13 +8,22 @@ from collections.abc import Callable, Sequence
 import torch
 from torch import Tensor, nn
 
-from flows._validation import check_context, check_event, format_shape
-from flows.bijections._cnf_dynamics import ADAPTIVE_ORDER, Dynamics, error_norm, initial_step
+from flows._validation import check_context, check_event, check_integer, check_number, format_shape
+from flows.bijections._cnf_dynamics import (
+    ADAPTIVE_ORDER,
+    MAX_EVALUATIONS,
+    Dynamics,
+    EvaluationLimitExceeded,
+    check_interval,
+    error_norm,
+    initial_step,
+    solver_options,
+)
 from flows.bijections.auxiliary import add_auxiliary_loss, collecting_auxiliary_losses
 from flows.bijections.base import Bijection
 from flows.nn import TimeMLP
 
-__all__ = ["CNF", "SOLVERS", "TRACES", "total_nfe"]
+__all__ = ["CNF", "MAX_EVALUATIONS", "SOLVERS", "TRACES", "total_nfe"]
 
 TRACES = ("exact", "hutchinson")
 NOISES = ("rademacher", "gaussian")
@@ -98,13 +107,26 @@ class CNF(Bijection):
             of the number of steps, gradients carry the error of the backward solve) instead of
             through the solver's operations.
         adjoint_options: options of the backward solve (default: Kidger et al.'s seminorm).
-        kinetic: weight of the RNODE kinetic-energy regulariser.
-        jacobian: weight of the RNODE Jacobian-Frobenius regulariser.
+        kinetic: weight of the RNODE kinetic-energy regulariser (a finite number >= 0).
+        jacobian: weight of the RNODE Jacobian-Frobenius regulariser (a finite number >= 0).
+        max_evaluations: the most field evaluations one solve may take (the forward solve, and
+            separately the adjoint's backward solve); beyond it the solve stops with
+            :class:`~flows.bijections._cnf_dynamics.EvaluationLimitExceeded` (a
+            ``FloatingPointError``) naming the limit and the interval. Default
+            :data:`MAX_EVALUATIONS` (10 000).
+
+    Fixed-step solvers (``"euler"``, ``"rk4"``, ...) without ``options={"step_size": h}`` take
+    ``h = |t1 - t0| / 100`` (:data:`~flows.bijections._cnf_dynamics.DEFAULT_STEPS`), not
+    torchdiffeq's one step over the whole interval. A field that does not depend on ``z``
+    (``f(t, z) = c(t)``) has a zero divergence, which both traces return.
 
     Raises:
-        ValueError: for invalid sizes, names, tolerances or weights (and, when called, inputs or
-            contexts of the wrong shape).
-        TypeError: if ``field`` is not an ``nn.Module``.
+        ValueError: for invalid sizes, names, tolerances (``rtol`` in ``(0, 1]``, ``atol > 0``,
+            finite), weights, step sizes, an interval whose ends are equal or not finite in float32
+            (or, when called, in the input's dtype), and, when called, inputs or contexts of the
+            wrong shape.
+        TypeError: if ``field`` is not an ``nn.Module``, for numbers that are not numbers, a
+            non-bool ``adjoint``, ``options`` that are not a dict.
         FloatingPointError: when called, if the solve fails (non-finite field or input, step-size
             underflow).
 
@@ -143,23 +165,34 @@ class CNF(Bijection):
         adjoint_options: dict | None = None,
         kinetic: float = 0.0,
         jacobian: float = 0.0,
+        max_evaluations: int = MAX_EVALUATIONS,
     ) -> None:
         super().__init__(features)
-        if not isinstance(context, int) or context < 0:
+        if isinstance(context, bool) or not isinstance(context, int) or context < 0:
             raise ValueError(f"CNF: expected context to be an int >= 0, got {context!r}")
         for name, value in (("trace", trace), ("eval_trace", eval_trace)):
-            if value is not None and value not in TRACES:
+            if value is not None and not (isinstance(value, str) and value in TRACES):
                 raise ValueError(f"CNF: expected {name} in {TRACES}, got {value!r}")
-        if noise not in NOISES:
+        if not (isinstance(noise, str) and noise in NOISES):
             raise ValueError(f"CNF: expected noise in {NOISES}, got {noise!r}")
-        if method not in SOLVERS:
+        if not (isinstance(method, str) and method in SOLVERS):
             raise ValueError(f"CNF: expected method in {SOLVERS}, got {method!r}")
-        if not (rtol > 0 and atol > 0):
-            raise ValueError(f"CNF: expected positive tolerances, got rtol={rtol}, atol={atol}")
-        if not (math.isfinite(t0) and math.isfinite(t1)) or t0 == t1:
-            raise ValueError(f"CNF: expected finite t0 != t1, got t0={t0}, t1={t1}")
-        if not (kinetic >= 0 and jacobian >= 0):
-            raise ValueError(f"CNF: expected non-negative RNODE weights, got kinetic={kinetic}, jacobian={jacobian}")
+        if seed is not None:
+            seed = check_integer("CNF", "seed", seed)
+        rtol = check_number("CNF", "rtol", rtol, minimum=0, strict=True, maximum=1)
+        atol = check_number("CNF", "atol", atol, minimum=0, strict=True)
+        t0, t1 = check_number("CNF", "t0", t0), check_number("CNF", "t1", t1)
+        check_interval(t0, t1)
+        kinetic = check_number("CNF", "kinetic", kinetic, minimum=0)
+        jacobian = check_number("CNF", "jacobian", jacobian, minimum=0)
+        for name, value in (("adjoint", adjoint),):
+            if not isinstance(value, bool):
+                raise TypeError(f"CNF: expected {name} to be a bool, got {type(value).__name__} {value!r}")
+        for name, value in (("options", options), ("adjoint_options", adjoint_options)):
+            if value is not None and not isinstance(value, dict):
+                raise TypeError(f"CNF: expected {name} to be a dict or None, got {type(value).__name__} {value!r}")
+        options = solver_options(method, options, t0, t1)
+        max_evaluations = check_integer("CNF", "max_evaluations", max_evaluations, minimum=1)
         if field is None:
             if len(self.event_shape) != 1:
                 raise ValueError(
@@ -174,9 +207,10 @@ class CNF(Bijection):
         self.field = field
         self.context_features = context
         self.trace, self.eval_trace, self.noise, self.seed = trace, eval_trace, noise, seed
-        self.t0, self.t1 = float(t0), float(t1)
-        self.method, self.rtol, self.atol = method, float(rtol), float(atol)
-        self.options = dict(options or {})
+        self.t0, self.t1 = t0, t1
+        self.method, self.rtol, self.atol = method, rtol, atol
+        self.options = options
+        self.max_evaluations = max_evaluations
         self.adjoint = adjoint
         self.adjoint_options = {"norm": "seminorm"} if adjoint_options is None else dict(adjoint_options)
         self.kinetic, self.jacobian = float(kinetic), float(jacobian)
@@ -213,6 +247,9 @@ class CNF(Bijection):
         # RNODE integrands get the sign that makes their integrals positive in either direction.
         sign = math.copysign(1.0, self.t1 - self.t0) * (-1.0 if reverse else 1.0)
         dynamics = Dynamics(self.field, event, context, noise, log_det, kinetic, frobenius, sign)
+        if x.dtype != torch.float32:
+            check_interval(self.t0, self.t1, x.dtype)
+        dynamics.limit, dynamics.interval = self.max_evaluations, f"[{self.t0:g}, {self.t1:g}]"
         state = torch.cat((x.reshape(n, features), x.new_zeros(n, 1 + kinetic + frobenius)), -1)
         start, end = (self.t1, self.t0) if reverse else (self.t0, self.t1)
         times = torch.tensor((start, end), dtype=x.dtype, device=x.device)
@@ -259,6 +296,12 @@ class CNF(Bijection):
 
     def _count_backward(self) -> None:
         self.nfe_backward += 1
+        if self.nfe_backward > self.max_evaluations:
+            raise EvaluationLimitExceeded(
+                f"CNF: the adjoint's backward solve over [{self.t0:g}, {self.t1:g}] needed more than "
+                f"max_evaluations={self.max_evaluations} field evaluations; expected a solve within the limit: "
+                "loosen adjoint_options' tolerances or raise max_evaluations"
+            )
 
     # -- the contract -------------------------------------------------------------------------
     def forward_and_log_det(self, x: Tensor, context: Tensor | None = None) -> tuple[Tensor, Tensor]:

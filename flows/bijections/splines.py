@@ -15,10 +15,14 @@ import torch
 import torch.nn.functional as F
 from torch import Tensor
 
+from flows._validation import check_number
 from flows.bijections._spline_autograd import BinEnds, SplineForward, forward_map, log_derivative
 from flows.bijections.transformers import Transformer
 
-__all__ = ["RationalQuadraticSpline"]
+__all__ = ["MAX_BOUND", "RationalQuadraticSpline"]
+
+MAX_BOUND = 1e30
+"""The largest spline ``bound`` accepted: ``2B`` and the knot arithmetic stay finite in float32."""
 
 
 class RationalQuadraticSpline(Transformer):
@@ -60,13 +64,17 @@ class RationalQuadraticSpline(Transformer):
 
     Args:
         bins: number of bins ``K``.
-        bound: half-width ``B`` of the spline's domain and range ``[-B, B]``.
+        bound: half-width ``B`` of the spline's domain and range ``[-B, B]``, finite, in
+            ``(0, MAX_BOUND]`` (``MAX_BOUND = 1e30``: ``2B`` stays finite in float32).
         min_bin_width: smallest bin width as a fraction of ``2B`` (``K · min_bin_width < 1``).
         min_bin_height: smallest bin height as a fraction of ``2B``.
-        min_derivative: smallest derivative at a knot (``< 1``).
+        min_derivative: smallest derivative at a knot, in ``(0, 1)`` (0 would allow a zero
+            derivative, an infinite log-determinant at a finite input).
 
     Raises:
-        ValueError: for ``bins < 1``, ``bound <= 0`` or minima that leave no room.
+        ValueError: for ``bins < 1``, a ``bound`` that is not in ``(0, 1e30]``, ``min_derivative``
+            outside ``(0, 1)``, NaN values or minima that leave no room.
+        TypeError: for options that are not numbers.
 
     Example:
         >>> import torch
@@ -91,15 +99,18 @@ class RationalQuadraticSpline(Transformer):
     ) -> None:
         super().__init__()
         name = type(self).__name__
-        if not isinstance(bins, int) or bins < 1:
+        if isinstance(bins, bool) or not isinstance(bins, int) or bins < 1:
             raise ValueError(f"{name}: expected bins to be an int >= 1, got {bins!r}")
-        if not bound > 0:
-            raise ValueError(f"{name}: expected bound > 0, got {bound}")
+        # a finite bound whose 2B and knot arithmetic stay finite in float32 (bound=inf gave NaN out)
+        bound = check_number(name, "bound", bound, minimum=0, strict=True, maximum=MAX_BOUND)
         for label, value in (("min_bin_width", min_bin_width), ("min_bin_height", min_bin_height)):
-            if not 0 <= value * bins < 1:
+            value = check_number(name, label, value, minimum=0)
+            if not value * bins < 1:
                 raise ValueError(f"{name}: expected 0 <= {label} < 1/bins = {1 / bins:g}, got {value}")
-        if not 0 <= min_derivative < 1:
-            raise ValueError(f"{name}: expected 0 <= min_derivative < 1, got {min_derivative}")
+        # d = 0 at a knot makes the rational-quadratic derivative vanish there: log d = -inf at finite x
+        min_derivative = check_number(name, "min_derivative", min_derivative, minimum=0, strict=True)
+        if not min_derivative < 1:
+            raise ValueError(f"{name}: expected 0 < min_derivative < 1, got {min_derivative}")
         self.bins = bins
         self.bound = float(bound)
         self.min_bin_width = float(min_bin_width)

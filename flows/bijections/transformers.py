@@ -18,7 +18,12 @@ from __future__ import annotations
 import torch
 from torch import Tensor, nn
 
-__all__ = ["AdditiveTransformer", "AffineTransformer", "Transformer"]
+from flows._validation import check_number
+
+__all__ = ["MAX_CLAMP", "AdditiveTransformer", "AffineTransformer", "Transformer"]
+
+MAX_CLAMP = 1e3
+"""The largest log-scale bound of :class:`AffineTransformer` (``None`` is no bound)."""
 
 
 class Transformer(nn.Module):
@@ -55,7 +60,8 @@ class AffineTransformer(Transformer):
         arXiv:1605.08803.
 
     Args:
-        clamp: bound on the absolute log-scale (``None`` for no bound).
+        clamp: bound on the absolute log-scale, a number in ``(0, MAX_CLAMP]`` (``1e3``; ``None``
+            for no bound).
 
     Example:
         >>> import torch
@@ -70,8 +76,11 @@ class AffineTransformer(Transformer):
 
     def __init__(self, clamp: float | None = 3.0) -> None:
         super().__init__()
-        if clamp is not None and not clamp > 0:
-            raise ValueError(f"AffineTransformer: expected clamp > 0 or None, got {clamp}")
+        if clamp is not None:  # inf: c tanh(s / c) = inf * 0 = NaN; pass None for no bound
+            # above MAX_CLAMP exp(s) overflows anyway and 2c sigma(.) - c loses the log-scale to cancellation
+            clamp = check_number(
+                "AffineTransformer", "clamp (or None)", clamp, minimum=0, strict=True, maximum=MAX_CLAMP
+            )
         self.clamp = clamp
 
     def log_scale(self, raw: Tensor) -> Tensor:

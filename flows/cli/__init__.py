@@ -23,7 +23,15 @@ the exit status says what kind of failure it was (see :data:`EXIT_CODES`, also i
   the run was trained;
 * 3: an internal error (a bug in flows: please report it; set ``FLOWS_TRACEBACK=1`` to see the
   traceback);
-* 130: ``flows fit`` was stopped by Ctrl-C or SIGTERM after writing its checkpoint.
+* 130: ``flows fit`` was stopped by Ctrl-C, SIGTERM or SIGHUP after writing its checkpoint (continue
+  with ``--resume``), or a command was interrupted by Ctrl-C (also while it imports; one line, no
+  traceback, further Ctrl-C ignored while it stops).
+
+``flows fit --out DIR`` writes only the files named in :data:`flows.train.runs.RUN_FILES` and
+refuses, before any work, a ``DIR`` that already holds any of them (a user's own ``metrics.csv``
+is never replaced); ``--overwrite`` removes all of them first, so a run that fails midway never
+leaves the old model beside its own ``run.json``. ``flows sample`` writes atomically (temporary
+file, fsync, rename). A full disk ends in one line naming the file not written.
 
 Runs record a SHA-256 fingerprint of their data (the values of every split, and the file's bytes
 for file data) in ``run.json`` and in their checkpoints. ``flows eval`` and ``flows check`` refuse
@@ -37,8 +45,26 @@ statuses), one module per command (:mod:`~flows.cli.fit`, :mod:`~flows.cli.evalu
 that command runs, and :mod:`flows.cli.commands`, the table from command name to function.
 """
 
-from flows.cli.app import main
-from flows.cli.exit_codes import EXIT_CODES
-from flows.cli.parser import _parser  # noqa: F401  (the tests walk the parser)
+from __future__ import annotations
+
+from typing import Any
 
 __all__ = ["EXIT_CODES", "main"]
+
+# Imported when first used (PEP 562), so that ``flows/__init__.py`` can import ``flows.cli._interrupt`` before torch.
+_LAZY = {"main": "flows.cli.app", "EXIT_CODES": "flows.cli.exit_codes", "_parser": "flows.cli.parser"}
+
+
+def __getattr__(name: str) -> Any:
+    """``main``, ``EXIT_CODES`` and ``_parser`` (the tests walk the parser), imported on first use."""
+    if name in _LAZY:
+        import importlib
+
+        value = getattr(importlib.import_module(_LAZY[name]), name)
+        globals()[name] = value
+        return value
+    raise AttributeError(f"module {__name__!r} has no attribute {name!r}")
+
+
+def __dir__() -> list[str]:
+    return sorted([*globals(), *_LAZY])

@@ -16,29 +16,35 @@ def _pictures(model: torch.nn.Module, data, directory: Path, name: str = "sample
     """Pictures of samples: an image grid, 2-D density contours, or a corner plot, by data kind."""
     from flows.flow import evaluating
     from flows.plot import plot_corner, plot_density_2d, plot_image_grid
+    from flows.train._atomic import atomic_path
 
     written = []
     with evaluating(model), torch.no_grad():
         if data.image_shape is not None:
             samples = model.sample((n,))
             path = directory / f"{name}.png"
-            plot_image_grid(samples, path, image_shape=data.image_shape, title=f"samples ({data.name})")
+            with atomic_path(path) as temporary:
+                plot_image_grid(samples, temporary, image_shape=data.image_shape, title=f"samples ({data.name})")
             written.append(path)
         elif data.features == 2:
             path = directory / "density.png"
-            plot_density_2d(
-                model,
-                data.test if data.test is not None else data.train,
-                path,
-                title=f"density ({data.name})",
-                labels=data.columns,
-            )
+            with atomic_path(path) as temporary:
+                plot_density_2d(
+                    model,
+                    data.test if data.test is not None else data.train,
+                    temporary,
+                    title=f"density ({data.name})",
+                    labels=data.columns,
+                )
             written.append(path)
         else:
             samples = model.sample((2000,))
             reference = data.test if data.test is not None else data.train
             path = directory / "corner.png"
-            plot_corner(samples, reference[:2000], path, title=f"samples vs data ({data.name})", labels=data.columns)
+            with atomic_path(path) as temporary:
+                plot_corner(
+                    samples, reference[:2000], temporary, title=f"samples vs data ({data.name})", labels=data.columns
+                )
             written.append(path)
     return written
 

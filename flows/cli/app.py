@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import contextlib
+import errno
 import os
 import subprocess
 import sys
@@ -47,11 +48,18 @@ def _launch(argv: Sequence[str], nproc: int) -> int:
 
 def main(argv: Sequence[str] | None = None) -> int:
     """Entry point of the ``flows`` console script; returns the exit status."""
+    from flows.cli import _interrupt
+
     argv = list(sys.argv[1:] if argv is None else argv)
-    parser = _parser()
-    args = parser.parse_args(argv)
-    from flows.train.checkpoint import CheckpointError
-    from flows.train.guard import TrainingDiverged
+    _interrupt.restore()  # from here on Ctrl-C raises KeyboardInterrupt, answered below
+    try:
+        args = _parser().parse_args(argv)
+        from flows.train.checkpoint import CheckpointError
+        from flows.train.guard import TrainingDiverged
+    except KeyboardInterrupt:
+        _interrupt.ignore_further()
+        print("flows: interrupted", file=sys.stderr)
+        return 130
 
     try:
         if args.command == "fit" and args.nproc > 1 and "LOCAL_RANK" not in os.environ:
@@ -59,7 +67,10 @@ def main(argv: Sequence[str] | None = None) -> int:
         from flows.cli.commands import command
 
         with _one_line_warnings(args.command):
-            return command(args.command)(args)
+            status = command(args.command)(args)
+        if status == 130:  # stopped by a signal: more of them while the process exits must not give a traceback
+            _interrupt.ignore_further()
+        return status
     except TrainingDiverged as error:
         return _fail(args.command, error, 1)
     except (ValueError, TypeError, CheckpointError, ImportError, RuntimeError, MemoryError) as error:
@@ -67,6 +78,7 @@ def main(argv: Sequence[str] | None = None) -> int:
     except OSError as error:  # missing, unreadable or unwritable files and directories, full disks
         return _fail(args.command, _os_error(error), 2)
     except KeyboardInterrupt:
+        _interrupt.ignore_further()  # more Ctrl-C while stopping must not print a traceback from atexit
         print(f"flows {args.command}: interrupted", file=sys.stderr)
         return 130
     except Exception as error:  # a bug: still one line, with a way to see the traceback
@@ -112,6 +124,8 @@ def _os_error(error: OSError) -> str:
     if error.filename2 is not None:
         where += f" -> {str(error.filename2)!r}"
     reason = error.strerror[0].lower() + error.strerror[1:]
+    if error.errno in (errno.ENOSPC, getattr(errno, "EDQUOT", errno.ENOSPC)):
+        reason += " (the disk or quota is full: the file was not written, earlier files of the name are unchanged)"
     return f"{where}: {reason}"
 
 

@@ -7,7 +7,7 @@ import math
 
 import torch
 
-from flows.cli._common import _check_run_data
+from flows.cli.evaluate import load_run_model
 
 __all__ = ["check"]
 
@@ -27,11 +27,8 @@ def check(args: argparse.Namespace) -> int:
     """``flows check RUN``: check every layer of a run; 0 when all pass, 1 when one fails."""
     from flows.data.dequantization import uniform_dequantize
     from flows.testing import BijectionCheckError, check_bijection
-    from flows.train.runs import load_run
 
-    model, data = load_run(args.run, data_dir=args.data_dir)
-    if data is not None:
-        _check_run_data(args, data, "check")
+    model, data = load_run_model(args, "check")
     model = model.double().eval()
     if args.num < 1:
         raise ValueError(f"expected --num >= 1, got {args.num}")

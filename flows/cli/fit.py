@@ -21,8 +21,13 @@ if TYPE_CHECKING:
 __all__ = ["fit"]
 
 
-def _check_options(builder_name: str, options: list[tuple[str, object]]) -> None:
-    """``--option KEY=VALUE``: the builder has the option, and the value has the option's type.
+#: Builder options that only the named objective uses. Flow matching regresses the field directly and never solves
+#: the ODE in training, so the RNODE penalties (``kinetic``, ``jacobian``) and the adjoint method would be ignored.
+OBJECTIVE_OPTIONS: dict[str, tuple[str, ...]] = {"ml": ("kinetic", "jacobian", "adjoint"), "fm": ()}
+
+
+def _check_options(builder_name: str, options: list[tuple[str, object]], objective: str = "ml") -> None:
+    """``--option KEY=VALUE``: the builder has the option, the objective uses it, and the value has the option's type.
 
     Types are read from the builder's annotations (``float``, ``int``, ``bool``, ``str``,
     ``None``); options of other types (activations, sequences) are left to the builder.
@@ -48,6 +53,12 @@ def _check_options(builder_name: str, options: list[tuple[str, object]]) -> None
             print(f"flows fit: warning: --option {key}= is deprecated, use {renamed[key]}=", file=sys.stderr)
             key = renamed[key]
             options[i] = (key, value)
+        users = [name for name, keys in OBJECTIVE_OPTIONS.items() if key in keys]
+        if users and objective not in users:
+            raise ValueError(
+                f"--option {key}={json.dumps(value)}: expected it only with --objective {' or '.join(users)} "
+                f"(the only objective that uses it), got --objective {objective}, which would ignore it"
+            )
         if key in ("transforms", "hidden"):
             raise ValueError(f"--option {key}=...: expected --{key} to set the {key}, got it as an --option")
         if key not in parameters or parameters[key].kind is not inspect.Parameter.KEYWORD_ONLY:
@@ -102,18 +113,24 @@ STOP_FLAGS = ("epochs", "time_budget")
 
 def fit(args: argparse.Namespace) -> int:
     """``flows fit``, holding the run directory's lock (one writer per run) around all of it on the main process."""
-    from flows.train._atomic import remove_stale_temporaries
+    from flows.train._atomic import naming_os_errors, remove_stale_temporaries
     from flows.train._lock import hold_run_lock, lock_path
+    from flows.train.runs import RUN_FILES
 
     out = args.out or Path("runs") / Path(str(args.data)).stem
     distributed = "LOCAL_RANK" in os.environ and int(os.environ.get("WORLD_SIZE", "1")) > 1
     if distributed and int(os.environ["RANK"]) != 0:
         return _fit(args)
     _check_writable_directory(out, "--out")  # before the lock file creates the directory
+    if not (args.resume or args.overwrite):
+        _refuse_foreign_files(out)  # before the lock file appears beside a user's files (checked again under it)
     created = not out.exists()
     try:
-        with hold_run_lock(out / "checkpoint.ckpt"):
-            remove_stale_temporaries(out)  # left by a killed run's atomic writes; no other writer can be here
+        with contextlib.ExitStack() as held:
+            with naming_os_errors(lock_path(out / "checkpoint.ckpt")):  # only its creation: a full disk names it
+                held.enter_context(hold_run_lock(out / "checkpoint.ckpt"))
+            for name in RUN_FILES:  # left by a killed run's atomic writes (of its own files only); no other writer
+                remove_stale_temporaries(out, name)
             return _fit(args)
     except BaseException:
         lock = lock_path(out / "checkpoint.ckpt")
@@ -137,7 +154,13 @@ def _fit(args: argparse.Namespace) -> int:
     )
     from flows.train.config import _architectures
     from flows.train.distributed import cleanup_distributed, init_distributed, is_distributed
-    from flows.train.runs import evaluate_log_likelihood, model_for_data, read_run_file, write_run_file
+    from flows.train.runs import (
+        evaluate_log_likelihood,
+        model_for_data,
+        read_run_file,
+        remove_run_files,
+        write_run_file,
+    )
 
     if args.threads < 1 or args.nproc < 1:
         raise ValueError(f"expected --threads >= 1 and --nproc >= 1, got {args.threads} and {args.nproc}")
@@ -151,10 +174,9 @@ def _fit(args: argparse.Namespace) -> int:
     out = args.out or Path("runs") / Path(str(args.data)).stem
     _check_writable_directory(out, "--out")
     checkpoint = out / "checkpoint.ckpt"
-    if checkpoint.exists() and not (args.resume or args.overwrite):
-        raise ValueError(
-            f"{str(out)!r} already holds a run; pass --resume to continue it or --overwrite to start afresh"
-        )
+    if main_process and not (args.resume or args.overwrite):  # again, under the lock
+        _refuse_foreign_files(out)
+    replace = args.overwrite and not args.resume  # the old run's files go before this run writes its first one
     if args.resume and not checkpoint.exists():
         if not (out / "run.json").is_file():
             raise FileNotFoundError(f"--resume: expected a run with a checkpoint in {str(out)!r}, got none")
@@ -166,6 +188,7 @@ def _fit(args: argparse.Namespace) -> int:
             file=sys.stderr,
         )
         args.resume = False
+        replace = True  # the files of the run being started again are its own
     spec = {
         "name": str(args.data),
         "data_dir": args.data_dir,
@@ -182,9 +205,10 @@ def _fit(args: argparse.Namespace) -> int:
             "use its objective from Python (for FreeFormInjectiveFlow: "
             "flows.train.Trainer(model, flows.train.FreeFormInjectiveObjective()))"
         )
-    _check_options(args.model, args.option)
+    _check_options(args.model, args.option, args.objective)
     _check_objective_flags(args)
     data = load_dataset(**spec)
+    _refuse_binary_columns(data)
     fingerprint = data_fingerprint(data)
     say(f"data {data.describe()}")
     torch.manual_seed(args.seed)
@@ -280,6 +304,8 @@ def _fit(args: argparse.Namespace) -> int:
         untrained = trainer.evaluate(data.val, batch_size=args.batch_size).get("loss")
     if main_process:
         out.mkdir(parents=True, exist_ok=True)
+        if replace:
+            remove_run_files(out)
         run_file = {"data": spec, "data_fingerprint": fingerprint, "config": config, "fit": _plain(vars(args))}
         run_file["untrained_val_loss"] = _json_number(untrained)
         if resumes:
@@ -297,6 +323,9 @@ def _fit(args: argparse.Namespace) -> int:
         trainer.release_distributed()  # the DDP wrapper must go before the process group does
         cleanup_distributed()
     if trainer.interrupted is not None:
+        from flows.cli import _interrupt
+
+        _interrupt.ignore_further()  # stopping: a second Ctrl-C now would only lose this message and the status
         if main_process:
             print(
                 f"flows fit: stopped by signal {trainer.interrupted}; {str(checkpoint)!r} holds the state at step "
@@ -306,17 +335,18 @@ def _fit(args: argparse.Namespace) -> int:
         return 130
     if not main_process:
         return 0
-    worse = _worse_than_untrained(trainer.history, untrained)
+    worse = _no_training(trainer) or _worse_than_untrained(trainer.history, untrained)
     if worse:
         print(
             f"flows fit: error: training diverged: {worse}; no model file was written ({str(checkpoint)!r} holds the "
-            f"last training state). Lower --lr (now {args.lr:g}) or clip gradients with --clip",
+            f"last training state). Lower --lr (now {args.lr:g}), clip gradients with --clip, or check the data and "
+            "the objective's flags",
             file=sys.stderr,
         )
         return 1
     model = trainer.model
     model_path = save_model(model, out / "model.ckpt", config, info={"data": spec, "data_fingerprint": fingerprint})
-    model_file = _write_model_file(model, out)
+    model_file = _write_model_file(model, out, {"data": spec, "data_fingerprint": fingerprint})
     epochs = trainer.history.last().get("epoch", trainer.epoch)
     result = {"epochs": epochs, "steps": trainer.step, "train_seconds": round(trainer.elapsed, 2)}
     if data.test is not None:
@@ -337,8 +367,10 @@ def _fit(args: argparse.Namespace) -> int:
     written = [model_path, checkpoint, out / "metrics.json", out / "metrics.csv"]
     if not args.no_plots:
         from flows.plot import plot_history
+        from flows.train._atomic import atomic_path
 
-        plot_history(trainer.history, out / "curves.png")
+        with atomic_path(out / "curves.png") as temporary:
+            plot_history(trainer.history, temporary)
         written += [out / "curves.png", *_pictures(model, data, out)]
     for event in trainer.history.events:
         say(f"step {event['step']}: {event['message']}")
@@ -362,6 +394,66 @@ def _fit(args: argparse.Namespace) -> int:
         )
         return 1
     return 0
+
+
+def _refuse_foreign_files(out: Path) -> None:
+    """Refuse a ``--out`` that holds any file a run writes (:data:`~flows.train.runs.RUN_FILES`), before any work.
+
+    Such a file is a user's own or another run's: it is never replaced without ``--overwrite``
+    (which replaces all of them) and never mixed with this run's files.
+    """
+    from flows.train.runs import run_files_in
+
+    found = [p.name for p in run_files_in(out)]
+    if not found:
+        return
+    listed = ", ".join(found)
+    if "checkpoint.ckpt" in found or "run.json" in found:
+        raise ValueError(
+            f"{str(out)!r} already holds a run ({listed}); pass --resume to continue it, --overwrite to replace all "
+            "of flows fit's files in it, or another --out"
+        )
+    raise ValueError(
+        f"--out {str(out)!r}: expected a directory without the files flows fit writes, got {listed} (no run of "
+        "flows wrote them: they are kept); pass --overwrite to replace them, or another --out"
+    )
+
+
+def _refuse_binary_columns(data) -> None:
+    """Refuse continuous training on columns that only hold 0 and 1 (a boolean file, or a bool ``.npy``).
+
+    A density on ℝ fitted to a two-point variable has no maximum: the likelihood grows without
+    bound as the density peaks at 0 and 1, so its "log-likelihood" would be a meaningless number.
+    Integer data is dequantized with ``--levels`` (``--levels 2`` for 0/1 data).
+    """
+    if data.levels is not None or data.image_shape is not None:
+        return
+    rows = data.train.reshape(len(data.train), -1)
+    binary = ((rows == 0) | (rows == 1)).all(dim=0)
+    if not bool(binary.any()):
+        return
+    names = data.columns or [str(i + 1) for i in range(rows.shape[1])]
+    found = [names[i] for i in binary.nonzero().flatten().tolist()]
+    how = (
+        "pass --levels 2 to fit it as binary data (dequantized)"
+        if bool(binary.all())
+        else "drop those columns or fit them apart with --levels 2"
+    )
+    raise ValueError(
+        f"--data {data.name}: expected continuous values, got column(s) {found[:5]}{' ...' if len(found) > 5 else ''} "
+        f"holding only 0 and 1 (a continuous density has no maximum likelihood there); {how}"
+    )
+
+
+def _no_training(trainer) -> str | None:
+    """Why the run trained nothing (``None`` if it did): every step was skipped, or no validation loss was finite."""
+    guard = trainer.guard
+    if guard is not None and trainer.step > 0 and guard.skipped >= trainer.step:
+        return f"expected some finite training steps, got all {trainer.step} skipped as non-finite (an untrained model)"
+    losses = trainer.history["val_loss"]
+    if losses and not any(math.isfinite(v) for v in losses):
+        return f"expected a finite validation loss in some epoch, got none in {len(losses)} (the model is not usable)"
+    return None
 
 
 def _worse_than_untrained(history: History, untrained: object) -> str | None:
@@ -408,12 +500,12 @@ def _json_number(value: object) -> object:
     return str(value) if isinstance(value, float) and not math.isfinite(value) else value
 
 
-def _write_model_file(model: torch.nn.Module, out: Path) -> Path | None:
+def _write_model_file(model: torch.nn.Module, out: Path, info: dict) -> Path | None:
     """Write ``model.safetensors`` and ``model.json`` in ``out`` (None, with a note, if no config fits)."""
     from flows.model_file import ModelFileError, save_model
 
     try:
-        return save_model(model, out)
+        return save_model(model, out, info=info)
     except ModelFileError as error:
         print(f"flows fit: no model.safetensors written: {error}", file=sys.stderr)
         return None

@@ -288,7 +288,12 @@ def _parser() -> argparse.ArgumentParser:
         "--lr, --batch-size, --schedule, --clip and --patience (a difference is refused and listed), while "
         "--epochs and --time-budget may change and the change is recorded in run.json and the history",
     )
-    output.add_argument("--overwrite", action="store_true", help="start afresh even if --out holds a run")
+    output.add_argument(
+        "--overwrite",
+        action="store_true",
+        help="start afresh even if --out holds a run or files of the names a run writes: all of them are removed "
+        "(other files are kept) once the arguments and data are checked; without it such a directory is refused",
+    )
     output.add_argument("--no-plots", action="store_true", help="do not write pictures")
     output.add_argument("--quiet", action="store_true", help="print only the final result")
 

@@ -3,6 +3,8 @@
 from __future__ import annotations
 
 import argparse
+import io
+import os
 import sys
 from pathlib import Path
 
@@ -10,6 +12,7 @@ import numpy as np
 import torch
 
 from flows.cli._common import _check_output_file, _check_run_data
+from flows.train._atomic import atomic_path, atomic_write_bytes
 
 __all__ = ["sample"]
 
@@ -26,7 +29,6 @@ def _unused_names(out: Path, picture: Path) -> tuple[Path, Path]:
 
 def sample(args: argparse.Namespace) -> int:
     """``flows sample RUN``: write samples and a picture under unused names; returns 0."""
-    from flows.flow import evaluating
     from flows.plot import plot_corner, plot_image_grid
     from flows.train.runs import load_run
 
@@ -49,9 +51,7 @@ def sample(args: argparse.Namespace) -> int:
     model, data = load_run(args.run)
     if data is not None:
         _check_run_data(args, data, "sample", refuse=False)  # samples do not depend on the data: warn only
-    torch.manual_seed(args.seed)
-    with evaluating(model), torch.no_grad():
-        samples = model.sample((args.num,))
+    samples = _draw(model, args.num, args.seed)
     finite = torch.isfinite(samples.reshape(len(samples), -1)).all(dim=1)
     if not bool(finite.all()):
         print(
@@ -59,21 +59,63 @@ def sample(args: argparse.Namespace) -> int:
             "(kept in the .npy file, left out of the picture)",
             file=sys.stderr,
         )
-    out.parent.mkdir(parents=True, exist_ok=True)
-    with open(out, "wb") as handle:
-        np.save(handle, samples.numpy())
+    buffer = io.BytesIO()
+    np.save(buffer, samples.numpy())
+    atomic_write_bytes(out, buffer.getbuffer())  # a full disk leaves the earlier file whole, and names it
     shown = samples[finite]
     if len(shown) == 0:
         print(f"wrote {args.num} samples of shape {tuple(samples.shape[1:])} to {out} (no picture: none is finite)")
         return 0
-    picture.parent.mkdir(parents=True, exist_ok=True)
-    if data is not None and data.image_shape is not None:
-        plot_image_grid(shown, picture, image_shape=data.image_shape, title=f"{len(shown)} samples")
-    else:
-        labels = None if data is None else data.columns
-        plot_corner(shown, None if data is None else data.test, picture, title=f"{len(shown)} samples", labels=labels)
+    with atomic_path(picture) as temporary:
+        if data is not None and data.image_shape is not None:
+            plot_image_grid(shown, temporary, image_shape=data.image_shape, title=f"{len(shown)} samples")
+        else:
+            labels = None if data is None else data.columns
+            reference = None if data is None else data.test
+            plot_corner(shown, reference, temporary, title=f"{len(shown)} samples", labels=labels)
     print(f"wrote {args.num} samples of shape {tuple(samples.shape[1:])} to {out} and a picture to {picture}")
     return 0
+
+
+def _draw(model: torch.nn.Module, num: int, seed: int) -> torch.Tensor:
+    """``num`` samples of ``model`` from ``seed``, refusing a count whose samples cannot fit in memory.
+
+    One sample gives the size of a row; ``-n`` is refused (naming it and its value) when the rows
+    would need more than the machine's memory, and an allocation failure during sampling is
+    reported the same way rather than as the allocator's message.
+    """
+    from flows.flow import evaluating
+
+    torch.manual_seed(seed)
+    with evaluating(model), torch.no_grad():
+        row = model.sample((1,))
+    need = num * row[0].numel() * row.element_size()
+    have = _physical_memory()
+    if have is not None and need > have // 2:
+        raise ValueError(
+            f"-n/--num {num}: expected a number of samples that fits in memory, got {num} x "
+            f"{tuple(row.shape[1:])} values = {need / 2**30:.3g} GiB (this machine has {have / 2**30:.3g} GiB); "
+            "draw fewer (several runs with different --seed)"
+        )
+    torch.manual_seed(seed)
+    try:
+        with evaluating(model), torch.no_grad():
+            return model.sample((num,))
+    except (MemoryError, RuntimeError) as error:
+        if isinstance(error, RuntimeError) and "memory" not in str(error).lower() and "alloc" not in str(error):
+            raise
+        raise ValueError(
+            f"-n/--num {num}: expected a number of samples that fits in memory, got out of memory while drawing "
+            f"{num} x {tuple(row.shape[1:])} values; draw fewer"
+        ) from None
+
+
+def _physical_memory() -> int | None:
+    """The machine's physical memory in bytes (``None`` where the OS does not say)."""
+    try:
+        return os.sysconf("SC_PAGE_SIZE") * os.sysconf("SC_PHYS_PAGES")
+    except (AttributeError, ValueError, OSError):  # pragma: no cover - not POSIX
+        return None
 
 
 def _check_picture_format(path: Path) -> None:

@@ -59,6 +59,21 @@ KNOWN_FILES: dict[str, DataFile] = {
             ("6012ba5ea5bb96e0c5a444cdbcb97ea897fea5356171eec1bf6d43ccd8390d5d",),
             "LJ13 reference samples (Klein et al. 2023): val, test (N, 39), centred",
         ),
+        DataFile(
+            "aldp_vacuum_300K_md.npz",
+            ("4187727eef13e5cbd282bbc0ee98d4cb937a4af6c0989f28eee73a581cba1b8f",),
+            "alanine dipeptide, vacuum ff96, 300 K MD: train (40000, 66), val, test (5000, 66) nm; energy_kT_*",
+        ),
+        DataFile(
+            "aldp_vacuum_1000K_md.npz",
+            ("298cf99cc0d446ee754cf8ca3a25457938625ad4e5e3412ac1387d6adaceb641",),
+            "alanine dipeptide, vacuum ff96, 1000 K MD: train (16000, 66), val, test (2000, 66) nm; energy_kT_*",
+        ),
+        DataFile(
+            "aldp_vacuum_300K_umbrella.npz",
+            ("0c3f6458a81ae6b84177fc5920349956f5ec6ce3494938564030581c9901b681",),
+            "alanine dipeptide, vacuum ff96, 300 K umbrella sampling on phi with MBAR log_weights, F_phi_kT, dF_kT",
+        ),
     )
 }
 

@@ -1,8 +1,11 @@
 """Tabular data: scikit-learn's shipped tables, user CSV, ``.npy`` and ``.npz`` files, and MiniBooNE.
 
 Every loader returns ``float32`` tensors of shape ``(N, D)`` and checks that there is at least one
-value and that every value is finite and at most :data:`LARGEST` in magnitude (larger ones overflow
-float32 training); the first bad value is named by its file line (CSV) or array index.
+value and that every value is finite and either 0 or of a magnitude between :data:`SMALLEST` and
+:data:`LARGEST`: one rule, the values whose squares float32 holds (standardising, Gaussian
+log-densities and gradients square them; a larger value overflows to inf, a smaller one such as
+1e-300 is flushed to zero or loses its digits in float32). The first bad value is named by its
+file line and column (CSV) or array index.
 """
 
 from __future__ import annotations
@@ -18,7 +21,7 @@ from torch import Tensor
 
 from flows.data.files import data_file
 
-__all__ = ["LARGEST", "SKLEARN_TABLES", "load_array", "load_csv", "load_miniboone", "load_sklearn_table"]
+__all__ = ["LARGEST", "SKLEARN_TABLES", "SMALLEST", "load_array", "load_csv", "load_miniboone", "load_sklearn_table"]
 
 SKLEARN_TABLES = ("iris", "wine", "breast_cancer", "diabetes")
 """The real tabular data sets shipped inside scikit-learn's wheel (no download)."""
@@ -27,6 +30,11 @@ SKLEARN_TABLES = ("iris", "wine", "breast_cancer", "diabetes")
 LARGEST = float(np.sqrt(np.finfo(np.float32).max))
 """Largest magnitude accepted in data (about 1.8e19): squares of larger values overflow float32,
 so training and standardising on them give inf/NaN losses and silently skipped batches."""
+
+SMALLEST = 1.0 / LARGEST
+"""Smallest non-zero magnitude accepted in data (about 5.4e-20): squares of smaller values underflow
+float32 (and values below about 1.2e-38 are flushed to zero or lose digits on conversion), so a column of
+them would be standardised by a zero scale or silently become a column of zeros."""
 
 
 def _finite(array: np.ndarray, what: str, *, row_offset: int | None = None) -> Tensor:
@@ -46,6 +54,11 @@ def _finite(array: np.ndarray, what: str, *, row_offset: int | None = None) -> T
     for bad, expected, got in (
         (~np.isfinite(wide), "finite values", "NaN/Inf/missing value(s)"),
         (np.abs(np.nan_to_num(wide)) > LARGEST, f"values of magnitude at most {LARGEST:.2g}", "larger value(s)"),
+        (
+            (wide != 0) & (np.abs(np.nan_to_num(wide)) < SMALLEST),
+            f"0 or values of magnitude at least {SMALLEST:.2g} (float32 training squares them)",
+            "smaller non-zero value(s)",
+        ),
     ):
         if bad.any():
             index = tuple(int(i) for i in np.argwhere(bad)[0])

@@ -2,10 +2,10 @@ r"""Score-based denoising with any flow: :func:`tweedie_denoise`, :math:`y + \si
 
 from __future__ import annotations
 
-import math
-
 import torch
 from torch import Tensor, nn
+
+from flows._validation import check_number, check_samples
 
 __all__ = ["tweedie_denoise"]
 
@@ -39,8 +39,9 @@ def tweedie_denoise(flow: nn.Module, x: Tensor, sigma: float, context: Tensor | 
         the denoised data, shape of ``x``, without gradient history.
 
     Raises:
-        ValueError: for a negative or non-finite ``sigma``.
-        TypeError: for a ``flow`` without ``log_prob``.
+        ValueError: for a negative or non-finite ``sigma``, or an empty event.
+        TypeError: for a ``flow`` without ``log_prob``, or ``x`` that is not a real tensor (bool and
+            integer ``x`` are promoted to float64, as in every metric).
 
     Example:
         >>> import torch
@@ -49,11 +50,10 @@ def tweedie_denoise(flow: nn.Module, x: Tensor, sigma: float, context: Tensor | 
         >>> tweedie_denoise(flow, torch.tensor([[2.0, -4.0]]), sigma=0.5)
         tensor([[ 1.5000, -3.0000]])
     """
-    if isinstance(sigma, bool) or not isinstance(sigma, (int, float)) or not (0 <= sigma < math.inf):
-        raise ValueError(f"tweedie_denoise: expected sigma to be a finite number >= 0, got {sigma!r}")
+    sigma = check_number("tweedie_denoise", "sigma", sigma, minimum=0)
     if not callable(getattr(flow, "log_prob", None)):
         raise TypeError(f"tweedie_denoise: expected a flow with log_prob, got {type(flow).__name__}")
-    y = x.detach().requires_grad_(True)
+    y = check_samples(x, "tweedie_denoise", "x", empty_batch=True).detach().requires_grad_(True)
     with torch.enable_grad():
         (score,) = torch.autograd.grad(flow.log_prob(y, context=context).sum(), y)
     return (y + sigma**2 * score).detach()

@@ -9,7 +9,7 @@ import torch
 import torch.nn.functional as F
 from torch import Tensor, nn
 
-from flows._validation import check_context
+from flows._validation import check_context, check_number
 
 __all__ = ["MADE"]
 
@@ -137,7 +137,7 @@ class MADE(nn.Module):
     ) -> None:
         super().__init__()
         d = in_features
-        if not 0 <= dropout < 1:
+        if not 0 <= check_number("MADE", "dropout", dropout, minimum=0) < 1:
             raise ValueError(f"MADE: expected 0 <= dropout < 1, got {dropout}")
         if not isinstance(d, int) or d < 1:
             raise ValueError(f"MADE: expected in_features to be a positive int, got {in_features!r}")

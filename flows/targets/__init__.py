@@ -7,10 +7,12 @@ Samplers and stochastic layers ask only for the :class:`Energy` protocol (``even
 """
 
 from flows._energy import Energy
+from flows.targets.alanine import AlanineDipeptide
 from flows.targets.base import EnergyTarget
 from flows.targets.interpolated import InterpolatedEnergy, TemperedEnergy
 from flows.targets.lattice import PhiFour
 from flows.targets.mixtures import Gaussian, GaussianMixture
+from flows.targets.openmm import OpenMMTarget
 from flows.targets.particles import DW4, LJ13, ParticleSystem
 from flows.targets.toy import Banana, Funnel
 from flows.targets.wells import DoubleWell, ManyWell, MullerBrown
@@ -18,6 +20,7 @@ from flows.targets.wells import DoubleWell, ManyWell, MullerBrown
 __all__ = [
     "DW4",
     "LJ13",
+    "AlanineDipeptide",
     "Banana",
     "DoubleWell",
     "Energy",
@@ -28,6 +31,7 @@ __all__ = [
     "InterpolatedEnergy",
     "ManyWell",
     "MullerBrown",
+    "OpenMMTarget",
     "ParticleSystem",
     "PhiFour",
     "TemperedEnergy",

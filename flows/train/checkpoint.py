@@ -14,8 +14,11 @@ File layout (one file)::
   half-written file is rejected with a :class:`CheckpointError` before any unpickling starts.
 
 Every length field is bounded by the file's size before anything is allocated, the checksum is
-verified before the header is parsed, and :func:`check_training_state` names what a training
-state lacks (``state["optimizer"]`` of a hand-edited checkpoint) instead of a ``KeyError``.
+verified before the header is parsed, the payload's pickle is walked with inert stand-ins before
+``torch.load`` so that a tensor larger than its storage (a stride-0 tensor of 10^11 elements over
+one stored number) or a storage larger than its record is refused before any allocation, and
+:func:`check_training_state` names what a training state lacks (``state["optimizer"]`` of a
+hand-edited checkpoint) instead of a ``KeyError``.
 
 Files are written atomically (temporary file, ``fsync``, rename): a process killed in the middle
 of a save leaves the previous checkpoint intact.
@@ -27,9 +30,11 @@ import datetime
 import hashlib
 import io
 import json
+import math
 import os
 import pickle
 import random
+import zipfile
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -276,6 +281,144 @@ def _read(path: str | os.PathLike, *, payload: bool) -> tuple[dict[str, Any], by
     return header, (rest[header_length:] if payload else b"")
 
 
+class _Inert:
+    """What every object of a scanned pickle becomes: accepts any call and any state, does nothing."""
+
+    def __init__(self, *args: Any, **kwargs: Any) -> None:
+        pass
+
+    def __call__(self, *args: Any, **kwargs: Any) -> _Inert:
+        return _Inert()
+
+    def __setstate__(self, state: Any) -> None:
+        pass
+
+    def __setitem__(self, key: Any, value: Any) -> None:
+        pass
+
+    def append(self, value: Any) -> None:
+        pass
+
+    def extend(self, values: Any) -> None:
+        pass
+
+
+_STORAGE_DTYPES = {
+    "DoubleStorage": torch.float64,
+    "FloatStorage": torch.float32,
+    "HalfStorage": torch.float16,
+    "BFloat16Storage": torch.bfloat16,
+    "LongStorage": torch.int64,
+    "IntStorage": torch.int32,
+    "ShortStorage": torch.int16,
+    "CharStorage": torch.int8,
+    "ByteStorage": torch.uint8,
+    "BoolStorage": torch.bool,
+    "ComplexFloatStorage": torch.complex64,
+    "ComplexDoubleStorage": torch.complex128,
+}
+
+
+@dataclass
+class _Storage:
+    key: str
+    numel: int
+
+
+class _ArchiveScanner(pickle.Unpickler):
+    """Walk the pickle of a ``torch.save`` archive without building anything: check every tensor's sizes.
+
+    ``find_class`` hands out only inert stand-ins (no callable of the file's choosing ever runs),
+    storages become their recorded element count (checked against the archive's record sizes),
+    and every tensor rebuilt from a storage must fit inside it: a tensor of 10^11 elements over a
+    storage of one (stride 0), or a storage that claims more bytes than its record holds, is
+    refused here, before ``torch.load`` allocates anything.
+    """
+
+    def __init__(self, data: bytes, records: dict[str, int], where: str) -> None:
+        super().__init__(io.BytesIO(data))
+        self.records, self.where = records, where
+
+    def fail(self, what: str) -> None:
+        raise CheckpointError(f"checkpoint {self.where} holds {what}; refused before allocating it")
+
+    def find_class(self, module: str, name: str) -> Any:
+        if module == "torch._utils" and name == "_rebuild_tensor_v2":
+            return self.tensor
+        if module == "torch._utils" and name in ("_rebuild_parameter", "_rebuild_parameter_with_state"):
+            return lambda data, *rest: data
+        if module == "torch._utils" and name.startswith("_rebuild"):
+            self.fail(f"a tensor of a kind flows never writes ({name})")
+        if module == "torch" and name.endswith("Storage"):
+            return _STORAGE_DTYPES.get(name, _Inert)
+        return _Inert
+
+    def persistent_load(self, pid: Any) -> _Storage:
+        ok = isinstance(pid, tuple) and len(pid) == 5 and pid[0] == "storage" and isinstance(pid[2], str)
+        if not ok or not isinstance(pid[4], int) or pid[4] < 0 or not isinstance(pid[1], torch.dtype):
+            self.fail(f"a storage reference that torch.save does not write ({str(pid)[:80]})")
+        nbytes = pid[4] * pid[1].itemsize
+        have = self.records.get(f"data/{pid[2]}")
+        if have is None or nbytes > have:
+            self.fail(f"a storage of {nbytes} bytes whose record holds {have or 0} bytes")
+        return _Storage(pid[2], pid[4])
+
+    def tensor(self, storage: Any, offset: Any, size: Any, stride: Any, *rest: Any) -> _Inert:
+        shape = (offset, *size, *stride) if isinstance(size, tuple) and isinstance(stride, tuple) else None
+        if not isinstance(storage, _Storage) or shape is None or not all(isinstance(n, int) for n in shape):
+            self.fail("a tensor record that torch.save does not write")
+        if len(size) != len(stride) or min(shape, default=0) < 0:
+            self.fail(f"a tensor with size {size} and stride {stride}")
+        numel = math.prod(size)
+        extent = offset + sum((n - 1) * s for n, s in zip(size, stride, strict=True)) + 1 if numel else 0
+        if numel > storage.numel or extent > storage.numel:
+            self.fail(
+                f"a tensor of {numel} elements (size {size}, stride {stride}) over a storage of {storage.numel}: "
+                "expected every tensor to fit in the bytes the file holds"
+            )
+        return _Inert()
+
+
+def _check_archive(payload: bytes, path: str | os.PathLike) -> None:
+    """Refuse a payload whose tensors claim more elements than its storages hold (before ``torch.load``)."""
+    where = repr(str(path))
+    try:
+        archive = zipfile.ZipFile(io.BytesIO(payload))
+        entries = archive.infolist()
+    except (zipfile.BadZipFile, ValueError, EOFError) as error:
+        raise CheckpointError(
+            f"checkpoint {where} holds data that is not a torch.save archive of plain tensors and containers ({error})"
+        ) from error
+    if any(item.compress_type != zipfile.ZIP_STORED for item in entries):
+        raise CheckpointError(
+            f"checkpoint {where}: expected an uncompressed torch.save archive, got compressed records"
+        )
+    records = {item.filename.split("/", 1)[-1]: item.file_size for item in entries}
+    pickles = [item for item in entries if item.filename.split("/", 1)[-1] == "data.pkl"]
+    if len(pickles) != 1:
+        raise CheckpointError(f"checkpoint {where}: expected one data.pkl in its archive, got {len(pickles)}")
+    try:
+        _ArchiveScanner(archive.read(pickles[0]), records, where).load()
+    except CheckpointError:
+        raise
+    except (
+        pickle.UnpicklingError,
+        EOFError,
+        ValueError,
+        TypeError,
+        AttributeError,
+        IndexError,
+        KeyError,
+        RecursionError,
+        MemoryError,
+        zipfile.BadZipFile,
+    ) as error:
+        raise CheckpointError(
+            f"checkpoint {where} holds data that is not plain tensors and containers ({type(error).__name__}: "
+            f"{str(error)[:100]})"
+        ) from error
+
+
 def read_checkpoint_header(path: str | os.PathLike) -> dict[str, Any]:
     """The JSON header of a checkpoint (kind, config, versions, info), without unpickling the payload.
 
@@ -305,6 +448,7 @@ def load_checkpoint(path: str | os.PathLike, *, map_location: str | torch.device
             f"checkpoint {str(path)!r}: expected a payload of {header.get('payload_bytes')!r} bytes (its header), "
             f"got {len(payload)}"
         )
+    _check_archive(payload, path)
     try:
         state = torch.load(io.BytesIO(payload), map_location=map_location, weights_only=True)
     except (pickle.UnpicklingError, RuntimeError, AttributeError, TypeError, ValueError, EOFError) as error:

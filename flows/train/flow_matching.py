@@ -47,12 +47,20 @@ References:
 
 from __future__ import annotations
 
+import math
 from collections.abc import Callable, Iterable
 from typing import TYPE_CHECKING
 
 import torch
 from torch import Tensor, nn
 
+from flows._validation import (
+    check_context,
+    check_flow_inputs,
+    check_integer,
+    check_number,
+    check_objective_batch,
+)
 from flows.bijections.base import Bijection, Chain
 from flows.flow import Flow
 from flows.train.batching import batch_size_of, split_batch
@@ -66,6 +74,8 @@ __all__ = ["COUPLINGS", "TARGETS", "FlowMatching", "flow_matching_parts", "indep
 
 COUPLINGS = ("independent", "ot")
 TARGETS = ("conditional", "stable")
+MAX_SIGMA = 1e150
+"""The largest noise level accepted (``σ²`` must be finite in float64)."""
 
 Coupling = Callable[[Tensor, Tensor], tuple[Tensor, Tensor]]
 
@@ -218,16 +228,31 @@ class FlowMatching(Objective):
             ``(M, *event)``, added to the batch as the stable target's reference set.
         reference_size: rows drawn from ``reference`` each step (``None``: all of them).
 
+    Inputs are checked as maximum likelihood checks them: every batch goes through
+    :func:`flows._validation.check_flow_inputs`, the checks of :meth:`~flows.Flow.log_prob` (event
+    shape, dtype, finite values with the first bad row named, the context: present exactly when
+    the flow or its CNF takes one, floating-point, of the right width, finite), plus one batch
+    dimension with at least one row. A NaN row is therefore an error, never a NaN loss that the
+    trainer's guard would drop as a "non-finite step". RNODE penalties (``CNF(kinetic=...)``,
+    ``jacobian=...``) regularise an ODE solve, and flow matching solves none: a CNF with a positive
+    weight is refused rather than trained without its penalty.
+
     Raises:
-        ValueError: for a negative or non-finite ``sigma``, a ``time_power`` that is not finite and
-            positive, an unknown coupling or target name, a ``reference`` or ``reference_size``
-            without ``target="stable"``, a stable target with a coupling other than the
-            independent one, an empty or non-finite ``reference``, a ``reference_size`` that is
-            not a positive integer; when called, a stable target with a context or with
-            ``reference`` rows of another event shape than the data.
-        TypeError: when called on a model that is not a ``Flow`` with one CNF, when a coupling
-            returns tensors of other shapes, a ``reference`` that is not a floating-point tensor,
-            or (stable target) a base that is not a ``StandardNormal``.
+        ValueError: for a ``sigma`` that is negative, NaN, infinite or above :data:`MAX_SIGMA`, a
+            ``time_power`` that is not finite and positive, an unknown coupling or target name, a
+            ``reference`` or ``reference_size`` without ``target="stable"``, a ``reference_size``
+            without a ``reference``, a stable target with a coupling other than the independent
+            one, an empty or non-finite ``reference``, a ``reference_size`` that is not a positive
+            integer; when called, a batch that :meth:`~flows.Flow.log_prob` would refuse (wrong
+            event shape, NaN/Inf values, a missing, unexpected or non-finite context), an empty
+            batch or one without its batch dimension, a CNF with RNODE weights, path points that
+            overflow the dtype (a ``sigma`` too large for the data's precision), a stable target
+            with a context or with ``reference`` rows of another event shape than the data.
+        TypeError: for non-numeric ``sigma``/``time_power``, a non-bool ``eval_nll``, a non-integer
+            ``eval_seed``; when called on a model that is not a ``Flow`` with one CNF, on integer
+            data or an integer context, when a coupling returns tensors of other shapes, a
+            ``reference`` that is not a floating-point tensor, or (stable target) a base that is not
+            a ``StandardNormal``.
 
     Example:
         >>> import torch
@@ -250,10 +275,12 @@ class FlowMatching(Objective):
         reference: Tensor | None = None,
         reference_size: int | None = None,
     ) -> None:
-        if not (isinstance(time_power, (int, float)) and 0 < time_power < float("inf")):
-            raise ValueError(f"FlowMatching: expected a finite time_power > 0, got {time_power!r}")
-        if not (isinstance(sigma, (int, float)) and sigma >= 0 and sigma < float("inf")):
-            raise ValueError(f"FlowMatching: expected a finite sigma >= 0, got {sigma!r}")
+        time_power = check_number("FlowMatching", "time_power", time_power, minimum=0, strict=True)
+        # sigma**2 enters the stable target's variance: past MAX_SIGMA it overflows even in float64
+        sigma = check_number("FlowMatching", "sigma", sigma, minimum=0, maximum=MAX_SIGMA)
+        if not isinstance(eval_nll, bool):
+            raise TypeError(f"FlowMatching: expected eval_nll to be a bool, got {eval_nll!r}")
+        eval_seed = check_integer("FlowMatching", "eval_seed", eval_seed)
         if isinstance(coupling, str):
             if coupling not in COUPLINGS:
                 raise ValueError(f"FlowMatching: expected coupling in {COUPLINGS} or a callable, got {coupling!r}")
@@ -291,6 +318,11 @@ class FlowMatching(Objective):
             isinstance(reference_size, int) and not isinstance(reference_size, bool) and reference_size >= 1
         ):
             raise ValueError(f"FlowMatching: expected reference_size to be an integer >= 1, got {reference_size!r}")
+        if reference_size is not None and reference is None:
+            raise ValueError(
+                "FlowMatching: reference_size draws rows from reference, got reference_size="
+                f"{reference_size} and no reference; expected a reference tensor too (or no reference_size)"
+            )
         self.target = target
         self.reference = reference
         self.reference_size = reference_size
@@ -323,13 +355,27 @@ class FlowMatching(Objective):
             )
         return out
 
-    def __call__(self, model: nn.Module, batch: object) -> ObjectiveOutput:
+    def _inputs(self, model: nn.Module, batch: object) -> tuple[list[Bijection], CNF, Tensor, Tensor | None]:
+        """The layers in front, the CNF, and the batch, checked exactly as :meth:`Flow.log_prob` checks it."""
         front, cnf = flow_matching_parts(model)
         x, context = split_batch(batch)
-        if not x.is_floating_point():
-            raise TypeError(f"FlowMatching: expected floating-point data, got dtype {x.dtype}")
+        who = "FlowMatching"
+        check_objective_batch(model, x, context, who)
+        check_flow_inputs(model, x, context, who)
+        check_context(context, cnf.context_features, who)  # what the CNF's own solve refuses
+        if cnf.kinetic or cnf.jacobian:
+            raise ValueError(
+                "FlowMatching: the CNF has RNODE weights (kinetic="
+                f"{cnf.kinetic:g}, jacobian={cnf.jacobian:g}), which flow matching does not add (they "
+                "regularise the ODE solve, and flow matching solves none); expected kinetic=0 and jacobian=0, "
+                "or train by maximum likelihood"
+            )
         if self.target == "stable" and context is not None:
             raise ValueError('FlowMatching: target="stable" does not support a context; use target="conditional"')
+        return front, cnf, x, context
+
+    def __call__(self, model: nn.Module, batch: object) -> ObjectiveOutput:
+        front, cnf, x, context = self._inputs(model, batch)
         with torch.no_grad():
             data = x
             for layer in front:
@@ -352,6 +398,7 @@ class FlowMatching(Objective):
             if self.sigma:
                 shift = shift + self.sigma * torch.randn_like(x)
             x_t = (1 - s.reshape(shape)) * x + shift
+            self._check_path(x_t, z, cnf)
             if self.target == "stable":
                 target = self._stable_target(model, front, x, z, shift, s, data) / span
             else:
@@ -362,6 +409,16 @@ class FlowMatching(Objective):
         else:
             f = cnf.field(t, x_t)
         return (f - target).square().reshape(n, -1).sum(-1).mean()
+
+    def _check_path(self, x_t: Tensor, z: Tensor, cnf: CNF) -> None:
+        """Raise if the path points or velocities overflow (the inputs are finite: σ or the scale is too large)."""
+        if not (bool(torch.isfinite(x_t).all()) and bool(torch.isfinite(z).all())):
+            raise ValueError(
+                f"FlowMatching: the path points x_t = (1 - s) x + s z + sigma eps overflow {x_t.dtype} with "
+                f"sigma={self.sigma:g}; expected a sigma (and data) small enough to keep them finite"
+            )
+        if not math.isfinite(1.0 / (cnf.t1 - cnf.t0)):
+            raise ValueError(f"FlowMatching: expected a CNF interval with finite 1/(t1 - t0), got [{cnf.t0}, {cnf.t1}]")
 
     def _stable_target(
         self, model: nn.Module, front: list[Bijection], x: Tensor, z: Tensor, shift: Tensor, s: Tensor, data: Tensor

@@ -1,4 +1,4 @@
-"""The NaN/Inf guard: skip non-finite steps, roll back to the last good state with a lower learning rate.
+r"""The NaN/Inf guard: skip non-finite steps, roll back to the last good state with a lower learning rate.
 
 A flow that meets a numerically bad batch (an extreme log-scale, a spline bin collapsing) produces a
 non-finite loss or gradient; a learning rate that is far too large turns finite gradients into
@@ -9,10 +9,13 @@ never lets it through, and never continues silently:
    counted; a step whose update makes any parameter or optimizer state non-finite is **undone**
    (the model and optimizer go back to the last snapshot) and counted the same way;
 2. after ``max_consecutive`` bad steps in a row the model and optimizer are **rolled back** to the
-   last snapshot taken after good steps, and every learning rate is set to ``lr_factor`` times the
-   snapshot's (the same value at every rollback from that snapshot: the backoff does not compound
-   while nothing good happens in between; a scheduler's base learning rates follow). A
-   :class:`TrainingWarning` says so (the event is also recorded in the trainer's history);
+   last snapshot taken after good steps, and every learning rate is set to
+   :math:`\eta_k = \eta_\text{snapshot} \cdot \text{lr\_factor}^k`, where ``k`` counts the rollbacks
+   in a row with no good step in between (a scheduler's base learning rates follow). The backoff
+   compounds: three rollbacks in a row from 0.01 with ``lr_factor=0.5`` give 0.005, 0.0025 and
+   0.00125, so the guard never retries a rate that just failed; one good step resets ``k`` to 0
+   (the next rollback lowers the snapshot's rate once again). A :class:`TrainingWarning` says so
+   (the event is also recorded in the trainer's history);
 3. after ``max_rollbacks`` rollbacks the run stops with :class:`TrainingDiverged`.
 """
 
@@ -43,8 +46,8 @@ class NonFiniteGuard:
 
     Args:
         max_consecutive: bad steps in a row that trigger a rollback.
-        lr_factor: at each rollback every learning rate becomes ``lr_factor`` times the snapshot's
-            (``0 < lr_factor <= 1``).
+        lr_factor: at the ``k``-th rollback in a row (no good step in between) every learning rate
+            becomes ``lr_factor**k`` times the snapshot's (``0 < lr_factor <= 1``).
         max_rollbacks: rollbacks allowed before :class:`TrainingDiverged` is raised.
         snapshot_every: good steps between snapshots of the model and optimizer (kept in memory).
 
@@ -77,6 +80,7 @@ class NonFiniteGuard:
         self.consecutive = 0
         self.skipped = 0
         self.rollbacks = 0
+        self.rollbacks_in_a_row = 0  # since the last good step: the exponent of the learning-rate backoff
         self._good_since_snapshot = 0
         self._snapshot: tuple[dict, dict, list[float] | None] | None = None
 
@@ -89,6 +93,7 @@ class NonFiniteGuard:
     def good_step(self, model: nn.Module, optimizer: Optimizer, scheduler: Any = None) -> None:
         """Record a successful step (takes a snapshot every ``snapshot_every`` of them)."""
         self.consecutive = 0
+        self.rollbacks_in_a_row = 0
         self._good_since_snapshot += 1
         if self._snapshot is None or self._good_since_snapshot >= self.snapshot_every:
             self.snapshot(model, optimizer, scheduler)
@@ -128,9 +133,10 @@ class NonFiniteGuard:
     ) -> str | None:
         """Record a skipped (or undone) step; roll back when there were too many in a row.
 
-        At a rollback the model and optimizer get the snapshot's state, every learning rate
-        becomes ``lr_factor`` times the snapshot's, and a scheduler's ``base_lrs`` become
-        ``lr_factor`` times their values at the snapshot.
+        At the ``k``-th rollback in a row (no good step since the previous one) the model and
+        optimizer get the snapshot's state, every learning rate becomes ``lr_factor**k`` times the
+        snapshot's, and a scheduler's ``base_lrs`` become ``lr_factor**k`` times their values at
+        the snapshot.
 
         Returns:
             A message describing the rollback when one happened, else ``None``.
@@ -146,39 +152,48 @@ class NonFiniteGuard:
             lrs = ", ".join(f"{group['lr']:.3g}" for group in optimizer.param_groups)
             raise TrainingDiverged(
                 f"training diverged at step {step}: {self.consecutive} non-finite steps in a row ({reason}) "
-                f"after {self.rollbacks} rollback(s) to the last good state with the learning rate set to "
-                f"{self.lr_factor} times its value there (now {lrs}); expected finite losses, gradients and weights: "
+                f"after {self.rollbacks} rollback(s) to the last good state, each lowering the learning rate by "
+                f"{self.lr_factor} more (now {lrs}); expected finite losses, gradients and weights: "
                 "lower the learning rate, clip gradients (clip_grad_norm) or check the data"
             )
         self.restore(model, optimizer)
+        self.rollbacks_in_a_row += 1
+        factor = self.lr_factor**self.rollbacks_in_a_row  # of the snapshot's rate, just restored
         base_lrs = self._snapshot[2]
         lrs = []
         for group in optimizer.param_groups:
-            group["lr"] *= self.lr_factor  # the snapshot's rate, just restored: the same value at every rollback
+            group["lr"] *= factor
             if "initial_lr" in group:
-                group["initial_lr"] *= self.lr_factor
+                group["initial_lr"] *= factor
             lrs.append(group["lr"])
         if base_lrs is not None and hasattr(scheduler, "base_lrs"):
-            scheduler.base_lrs = [lr * self.lr_factor for lr in base_lrs]
+            scheduler.base_lrs = [lr * factor for lr in base_lrs]
         self.rollbacks += 1
         self.consecutive = 0
         message = (
             f"step {step}: {self.max_consecutive} non-finite steps in a row ({reason}); rolled back to the last "
             f"good state and lowered the learning rate to {', '.join(f'{lr:.3g}' for lr in lrs)} "
-            f"(rollback {self.rollbacks} of at most {self.max_rollbacks})"
+            f"({self.lr_factor:g}**{self.rollbacks_in_a_row} of the snapshot's: rollback {self.rollbacks_in_a_row} "
+            f"in a row; rollback {self.rollbacks} of at most {self.max_rollbacks})"
         )
         warnings.warn(message, TrainingWarning, stacklevel=3)
         return message
 
     def state_dict(self) -> dict[str, Any]:
         """Counters (the in-memory snapshot is not saved: a resumed run snapshots its resumed state)."""
-        return {"consecutive": self.consecutive, "skipped": self.skipped, "rollbacks": self.rollbacks}
+        return {
+            "consecutive": self.consecutive,
+            "skipped": self.skipped,
+            "rollbacks": self.rollbacks,
+            "rollbacks_in_a_row": self.rollbacks_in_a_row,
+        }
 
     def load_state_dict(self, state: dict[str, Any]) -> None:
         """Restore the counters saved by :meth:`state_dict`."""
         self.consecutive = int(state["consecutive"])
         self.skipped = int(state["skipped"])
         self.rollbacks = int(state["rollbacks"])
+        self.rollbacks_in_a_row = int(state.get("rollbacks_in_a_row", 0))  # checkpoints from before it was saved
 
 
 def _clone(state: Any) -> Any:

@@ -12,6 +12,7 @@ from collections.abc import Iterable
 
 from torch import Tensor, nn
 
+from flows._validation import check_objective_batch
 from flows.train.batching import batch_size_of, split_batch
 from flows.train.objectives import Objective
 
@@ -47,6 +48,7 @@ class FreeFormInjectiveObjective(Objective):
 
     def __call__(self, model: nn.Module, batch: object) -> tuple[Tensor, dict[str, Tensor]]:
         x, context = split_batch(batch)
+        check_objective_batch(model, x, context, "FreeFormInjectiveObjective")  # as MaximumLikelihood's
         terms = model.loss_terms(x, context)
         metrics = {name: terms[name].detach().mean() for name in ("reconstruction", "nll_surrogate")}
         return terms["loss"].mean(), metrics

@@ -54,6 +54,7 @@ from collections.abc import Iterable, Sequence
 import torch
 from torch import Tensor, nn
 
+from flows._validation import check_objective_batch
 from flows.data.dequantization import uniform_dequantize
 from flows.train.batching import batch_size_of, split_batch
 
@@ -146,6 +147,14 @@ class MaximumLikelihood(Objective):
         eval_seed: seed of the dequantization noise during :meth:`evaluate`.
         noise_std: Gaussian noise augmentation σ >= 0 (``None``: the model's ``noise_std``, if any).
 
+    Raises:
+        ValueError: when called, for a batch without rows or without its batch dimension, a context
+            given to a model that takes none (:func:`flows._validation.check_objective_batch`), and
+            whatever the model's ``log_prob`` refuses (for a :class:`~flows.Flow`: a wrong event
+            shape, NaN/Inf values with the first bad row named, a missing or non-finite context).
+        TypeError: for integer data without ``levels``, or what ``log_prob`` refuses (an integer
+            context, another dtype).
+
     Example:
         >>> import torch
         >>> from flows import Affine, Flow, StandardNormal
@@ -174,6 +183,7 @@ class MaximumLikelihood(Objective):
 
     def _inputs(self, model: nn.Module, batch: object) -> tuple[Tensor, Tensor | None]:
         x, context = split_batch(batch)
+        check_objective_batch(model, x, context, type(self).__name__)
         if self.levels is not None:
             dtype = next((p.dtype for p in model.parameters() if p.is_floating_point()), torch.get_default_dtype())
             x = uniform_dequantize(x, self.levels, dtype=dtype)

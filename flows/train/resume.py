@@ -80,7 +80,7 @@ def resume_trainer(trainer: Trainer, path: str | os.PathLike | None = None) -> N
 
 @contextlib.contextmanager
 def stop_on_signals(trainer: Trainer) -> Iterator[None]:
-    """During ``fit``: Ctrl-C (SIGINT) or SIGTERM stops training at the next step boundary.
+    """During ``fit``: Ctrl-C (SIGINT), SIGTERM or SIGHUP (a closed terminal) stops training at the next step boundary.
 
     The trainer then writes its checkpoint as at any other stop, so the saved state is a whole
     number of steps (an interrupt in the middle of an optimizer update would save half-updated
@@ -97,7 +97,8 @@ def stop_on_signals(trainer: Trainer) -> Iterator[None]:
         trainer.interrupted = signum
         trainer.should_stop = True
 
-    previous = {sig: signal.signal(sig, handler) for sig in (signal.SIGINT, signal.SIGTERM)}
+    stops = [signal.SIGINT, signal.SIGTERM] + ([signal.SIGHUP] if hasattr(signal, "SIGHUP") else [])
+    previous = {sig: signal.signal(sig, handler) for sig in stops}
     try:
         yield
     finally:

@@ -6,7 +6,14 @@ A run directory holds::
     model.ckpt        the trained model (best weights), self-describing (config + data spec in its header)
     checkpoint.ckpt   the resumable training state (``flows fit ... --resume``)
     metrics.json/csv  the per-epoch history
+    model.safetensors/json  the trained model as a model file (:func:`flows.load_model`)
     *.png             training curves and pictures of samples
+    tensorboard/      TensorBoard scalars, when ``tensorboard`` is installed
+
+:data:`RUN_FILES` names every entry ``flows fit`` writes there: those names are what a run owns.
+``flows fit`` refuses a directory that holds any of them before it trains (a user's own
+``metrics.csv`` or ``model.ckpt`` is never replaced silently), and ``--overwrite`` removes all of
+them first, so a run that fails midway never leaves the old run's model next to its own files.
 
 The data spec is the set of :func:`flows.data.load_dataset` arguments, so the same splits come
 back. :func:`model_for_data` builds the model of a config for a data set, with the preprocessing
@@ -33,7 +40,34 @@ from flows.train._atomic import atomic_write_text
 from flows.train.checkpoint import load_model, read_checkpoint_header
 from flows.train.config import build_model, model_config
 
-__all__ = ["evaluate_log_likelihood", "load_run", "model_for_data", "read_run_file", "write_run_file"]
+__all__ = [
+    "RUN_FILES",
+    "evaluate_log_likelihood",
+    "load_run",
+    "model_for_data",
+    "read_run_file",
+    "remove_run_files",
+    "run_files_in",
+    "write_run_file",
+]
+
+#: Every entry a ``flows fit`` run writes in its directory (the pictures by data kind: an image grid, 2-D density
+#: contours or a corner plot), and what it holds. These are the names a run owns; the lock file
+#: (``.checkpoint.ckpt.lock``) and the temporaries of atomic writes (``.<name>.<random>.tmp``) derive from them.
+RUN_FILES: dict[str, str] = {
+    "run.json": "data spec, model config, fit settings, final test metrics",
+    "model.ckpt": "the trained model (best weights)",
+    "checkpoint.ckpt": "the resumable training state",
+    "model.safetensors": "the trained model's weights (model file)",
+    "model.json": "the trained model's configuration (model file)",
+    "metrics.json": "the per-epoch history",
+    "metrics.csv": "the per-epoch history",
+    "curves.png": "training curves",
+    "samples.png": "an image grid of samples (image data)",
+    "density.png": "density contours (2-D data)",
+    "corner.png": "a corner plot of samples against the data (other data)",
+    "tensorboard": "TensorBoard scalars (a directory, when tensorboard is installed)",
+}
 
 
 def model_for_data(
@@ -70,6 +104,33 @@ def model_for_data(
         layer.loc.copy_(fitted.loc)
         layer.scale.copy_(fitted.scale)
     return model, config
+
+
+def run_files_in(directory: str | os.PathLike) -> list[Path]:
+    """The entries of :data:`RUN_FILES` that exist in ``directory`` (files, directories or links)."""
+    directory = Path(directory)
+    return [directory / name for name in RUN_FILES if os.path.lexists(directory / name)]
+
+
+def remove_run_files(directory: str | os.PathLike) -> list[Path]:
+    """Delete every entry of :data:`RUN_FILES` in ``directory`` and the temporaries their atomic writes left.
+
+    Nothing else in the directory is touched. Returns the paths removed.
+    """
+    import shutil
+
+    from flows.train._atomic import remove_stale_temporaries
+
+    removed = []
+    for path in run_files_in(directory):
+        if path.is_dir() and not path.is_symlink():
+            shutil.rmtree(path)
+        else:
+            path.unlink()
+        removed.append(path)
+    for name in RUN_FILES:
+        removed += remove_stale_temporaries(directory, name)
+    return removed
 
 
 def write_run_file(directory: str | os.PathLike, content: dict[str, Any]) -> Path:

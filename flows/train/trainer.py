@@ -165,7 +165,7 @@ class Trainer:
         self.step = 0  # steps done in total (skipped ones included)
         self.elapsed = 0.0  # training seconds over all sessions of this run
         self.should_stop = False
-        self.interrupted: int | None = None  # the signal that stopped the last fit (SIGINT, SIGTERM), if any
+        self.interrupted: int | None = None  # the signal that stopped the last fit (SIGINT, SIGTERM, SIGHUP), if any
         self.epochs_target: int | None = None
         self._epoch_sums: dict[str, float] = {}
         self._epoch_count = 0

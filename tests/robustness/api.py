@@ -452,6 +452,7 @@ def _target_recipes() -> dict[str, Callable[[], object]]:
         "InterpolatedEnergy": lambda: targets.InterpolatedEnergy(targets.Gaussian(2), targets.DoubleWell(), 0.5),
         "TemperedEnergy": lambda: targets.TemperedEnergy(targets.DoubleWell(), 2.0),
         "PhiFour": lambda: targets.PhiFour(4),
+        "OpenMMTarget": lambda: targets.OpenMMTarget(targets.AlanineDipeptide().system, 300.0),
     }
 
 

@@ -156,6 +156,7 @@ def _corruptions(kind: str, marker: Path) -> dict[str, Callable[[], bytes]]:
         "resigned-payload-list": lambda: _sign(_split(original())[0], _torch_bytes([1, 2, 3])),
         f"resigned-missing-{missing}": lambda: _resave(kind, lambda s: s.pop(missing)),
         "resigned-model-nan-weights": lambda: _resave(kind, _nan_weights),
+        "resigned-stride-zero-1e11-tensor": lambda: _resave(kind, _stride_zero),
         "resigned-pickle-code": lambda: _sign(_split(original())[0], _evil_pickle(marker)),
         "resigned-zip-code": lambda: _sign(_split(original())[0], _evil_zip(marker)),
         "raw-pickle-code": lambda: _evil_pickle(marker),
@@ -171,6 +172,12 @@ def _torch_bytes(obj) -> bytes:
 def _nan_weights(state: dict) -> None:
     first = next(k for k, v in state["model"].items() if v.is_floating_point() and v.numel())
     state["model"][first] = torch.full_like(state["model"][first], float("nan"))
+
+
+def _stride_zero(state: dict) -> None:
+    """A tensor of 10^11 elements over a one-element storage (stride 0): 400 GB once anything touches it."""
+    first = next(k for k, v in state["model"].items() if v.is_floating_point() and v.numel())
+    state["model"][first] = torch.ones(1).expand(10**11)
 
 
 def _open(kind: str, path: Path):
@@ -208,8 +215,10 @@ def _missing_file(kind: str) -> Result:
 
 
 def attacks() -> list[Attack]:
-    """The checkpoint part of the table."""
-    out = []
+    """The checkpoint part of the table, and the model-file family (:mod:`tests.robustness.model_files`)."""
+    from tests.robustness import model_files
+
+    out = model_files.attacks()
     for kind in ("model", "training"):
         for corruption in _corruptions(kind, Path("unused")):
             out.append(

@@ -16,8 +16,8 @@ happened into exactly one :class:`Outcome`:
 * ``code_execution``: a crafted file ran code (a marker file appeared);
 * ``lost_run``: a killed run could not be continued (its work is lost).
 
-The attacks themselves live in :mod:`tests.robustness.api`, :mod:`tests.robustness.files` and
-:mod:`tests.robustness.cli`; :func:`all_attacks` gathers them (and is what
+The attacks themselves live in :mod:`tests.robustness.api`, :mod:`tests.robustness.files`,
+:mod:`tests.robustness.cli` and :mod:`tests.robustness.outdir`; :func:`all_attacks` gathers them (and is what
 ``benchmarks/reliability.py`` imports).
 """
 
@@ -84,7 +84,8 @@ class Attack:
 
     Attributes:
         id: stable test id, ``family/target/attack`` (e.g. ``api/affine/nan-row``).
-        family: ``api``, ``builder``, ``target``, ``mcmc``, ``checkpoint``, ``cli``, ``kill`` or ``concurrency``.
+        family: ``api``, ``builder``, ``target``, ``mcmc``, ``checkpoint``, ``cli``, ``kill``, ``concurrency``
+            or ``outdir``.
         run: performs the attack and returns its :class:`Result` (the runner turns exceptions
             that escape it into ``raw_crash``).
         timeout: seconds after which the attack counts as a ``hang``.
@@ -210,10 +211,12 @@ def workspace() -> Path:
 
 def all_attacks(families: tuple[str, ...] | None = None) -> list[Attack]:
     """Every attack of the table (optionally only some families), ids unique and stable."""
-    from tests.robustness import api, cli, files, values
+    from tests.robustness import api, cli, files, outdir, values
+    from tests.robustness import objectives as objective_and_option_attacks
 
-    attacks = [*api.attacks(), *files.attacks(), *cli.attacks()]
+    attacks = [*api.attacks(), *files.attacks(), *cli.attacks(), *outdir.attacks()]
     attacks += values.attacks()  # metric, particles, distribution
+    attacks += objective_and_option_attacks.attacks()
     if families is not None:
         attacks = [a for a in attacks if a.family in families]
     ids = [a.id for a in attacks]

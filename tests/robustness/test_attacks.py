@@ -29,12 +29,14 @@ def test_ids_are_unique_and_cover_every_family() -> None:
         "target",
         "mcmc",
         "checkpoint",
+        "model-file",
         "cli",
         "kill",
         "concurrency",
         "metric",
         "particles",
         "distribution",
+        "outdir",
     }
 
 

@@ -271,6 +271,7 @@ def _metric_recipes() -> dict[str, Recipe]:
         "mode_weights": Recipe(lambda: ([points(), means], {})),
         "mode_weight_error": Recipe(lambda: ([points(), means], {})),
         "sliced_wasserstein": Recipe(lambda: ([points(), points(30) + 1], {"projections": 16, "generator": _gen(5)})),
+        "tweedie_denoise": Recipe(lambda: ([Flow(Affine(2), StandardNormal(2)).double(), points(), 0.5], {}), tensor=1),
         "sample_log_weights": Recipe(
             lambda: ([Flow(Affine(2), StandardNormal(2)), Gaussian(2), 8], {"batch_size": 4}), tensor=None
         ),

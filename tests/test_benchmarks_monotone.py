@@ -1,0 +1,16 @@
+"""benchmarks/monotone.py runs end to end at a toy budget (its numbers are not asserted: speed is not a test)."""
+
+from __future__ import annotations
+
+import runpy
+from pathlib import Path
+
+BENCHMARKS = Path(__file__).resolve().parents[1] / "benchmarks"
+
+
+def test_monotone_benchmark_smoke(capsys) -> None:
+    main = runpy.run_path(str(BENCHMARKS / "monotone.py"), run_name="benchmark")["main"]
+    results = main(["--budget", "0.05", "--chunk", "1", "--samples", "50", "--contenders", "flows-naf", "flows-bpf"])
+    assert set(results) == {"flows-naf", "flows-bpf"}
+    assert all(r["steps"] >= 1 and r["nll"] == r["nll"] for r in results.values())
+    assert "test NLL" in capsys.readouterr().out

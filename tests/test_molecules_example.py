@@ -1,0 +1,27 @@
+"""The alanine-dipeptide example runs end to end on a tiny budget (numbers are not asserted beyond their ranges)."""
+
+from __future__ import annotations
+
+import math
+import os
+import runpy
+from pathlib import Path
+
+import pytest
+
+ROOT = Path(__file__).resolve().parents[1]
+
+
+def test_boltzmann_alanine_example_smoke(tmp_path: Path, capsys) -> None:
+    pytest.importorskip("openmm")
+    directory = os.environ.get("FLOWS_DATA_DIR")
+    if not directory or not os.path.exists(os.path.join(directory, "aldp_vacuum_1000K_md.npz")):
+        pytest.skip("FLOWS_DATA_DIR with the shared data is not set (CI sets it)")
+    main = runpy.run_path(str(ROOT / "examples" / "boltzmann_alanine.py"), run_name="example")["main"]
+    argv = ["--steps", "3", "--transforms", "2", "--hidden", "8", "--samples", "300", "--train-frames", "500"]
+    result = main([*argv, "--out", str(tmp_path)])
+    assert result["steps"] == 3 and result["n"] == 300
+    assert 0 < result["ess"] <= 1 and math.isfinite(result["test_nll"])
+    assert 0 <= result["p_b_raw"] <= 1 and result["kl_phi_raw"] >= 0
+    assert (tmp_path / "ramachandran.png").stat().st_size > 1000
+    assert "Kish ESS" in capsys.readouterr().out
