@@ -9,15 +9,29 @@ clipping at 1, one thread. Reported:
 * test bits/dim (:func:`flows.metrics.bits_per_dim` of the density on ``[0, 1]^D``, one
   dequantisation draw) on the first ``--eval-images`` test images and, with ``--all-test``, all of them;
 * Bayes accuracy (:func:`flows.classify.bayes_classifier`, uniform prior, ``K`` passes) on the first
-  ``--classify-images`` test images, scored the way the model was trained (dequantised inputs);
+  ``--classify-images`` test images, scored the way the model was trained (dequantised inputs,
+  plus the model's noise σ for a ``--noise-std`` model, whose accuracy on clean inputs, the
+  reference notebook's way, is reported beside it), and FlowBack's one-pass gradient classifier
+  (:func:`flows.classify.gradient_classifier`) on the same inputs;
 * the median training step time and the number of steps;
-* the time to draw 100 samples (10 per class) and how many are finite; a 10 × 10 grid (``--out``).
+* the time to draw 100 samples (10 per class; denoised by a Tweedie step for a noise model) and
+  how many are finite; a 10 × 10 grid (``--out``).
+
+``--noise-std σ`` trains on Gaussian-noised images (TarFlow's sample-quality recipe; σ in
+``[-1, 1]`` units on top of the dequantisation, so its bits/dim are those of a noised model).
+``--align reverse|forward|detach`` adds REPA/FlowBack alignment
+(:class:`flows.train.RepresentationAlignment`) of the blocks and layers ``--align-where`` with a
+**stand-in encoder**: a small CNN classifier trained here on the training images for
+``--encoder-seconds`` (not counted in the flow's budget) and frozen, standing in for a
+foundation model such as DINOv2, which cannot be downloaded on these machines.
 
 The reference code (apple/ml-tarflow) is not run by this script; run it unchanged from a scratch
 folder and compare at the same budget.
 
     python benchmarks/transformer_flows.py                              # MNIST, 10 minutes
     python benchmarks/transformer_flows.py --data digits --seconds 60 --patch 2 --out /tmp/tarflow
+    python benchmarks/transformer_flows.py --noise-std 0.1 --label-dropout 0.1      # TarFlow's noise recipe
+    python benchmarks/transformer_flows.py --align reverse                          # FlowBack (R-REPA)
 """
 
 from __future__ import annotations
@@ -28,35 +42,23 @@ import statistics
 import time
 from pathlib import Path
 
-import numpy as np
 import torch
+from torch import nn
 
 import flows
-from flows.classify import bayes_classifier
-from flows.data import uniform_dequantize
+from flows.classify import bayes_classifier, gradient_classifier
+from flows.data import DIGITS_LEVELS, MNIST_LEVELS, load_digits, load_mnist, uniform_dequantize
 from flows.metrics import bits_per_dim
+from flows.train import RepresentationAlignment
 
 
 def load(name: str, data_dir: str | None) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor, torch.Tensor, int]:
     """``(train images, train labels, test images, test labels, levels)``, images ``(N, 1, H, W)`` uint8."""
     if name == "digits":
-        from sklearn.datasets import load_digits
-        from sklearn.model_selection import train_test_split
-
-        digits = load_digits()
-        x_tr, x_te, y_tr, y_te = train_test_split(
-            digits.data.astype("uint8"), digits.target, test_size=0.2, random_state=0
-        )
-        shape, levels = (-1, 1, 8, 8), 17
-    else:
-        from flows.data.files import data_file
-
-        with np.load(data_file("mnist.npz", data_dir)) as arrays:
-            x_tr, y_tr, x_te, y_te = (arrays[k] for k in ("x_train", "y_train", "x_test", "y_test"))
-        shape, levels = (-1, 1, 28, 28), 256
-    images = [torch.from_numpy(np.ascontiguousarray(a)).reshape(shape) for a in (x_tr, x_te)]
-    labels = [torch.from_numpy(np.asarray(a)).long() for a in (y_tr, y_te)]
-    return images[0], labels[0], images[1], labels[1], levels
+        (x_tr, y_tr), (x_te, y_te) = load_digits(image=True, labels=True)
+        return x_tr, y_tr, x_te, y_te, DIGITS_LEVELS
+    (x_tr, y_tr), (x_te, y_te) = load_mnist(data_dir, labels=True)
+    return x_tr, y_tr, x_te, y_te, MNIST_LEVELS
 
 
 def to_model(v: torch.Tensor) -> torch.Tensor:
@@ -70,22 +72,93 @@ def log_density(flow: flows.TarFlow, v: torch.Tensor, y: torch.Tensor) -> torch.
     return flow.log_prob(to_model(v), context=flow.class_context(y)) + dims * math.log(2)
 
 
-def train(flow: flows.TarFlow, images, labels, levels: int, args: argparse.Namespace) -> list[float]:
+class StandInEncoder(nn.Module):
+    """A small CNN classifier trained here on the training images, then frozen.
+
+    It **stands in for a foundation model** (DINOv2 and the like cannot be downloaded on these
+    machines): ``forward`` returns its convolutional feature maps ``(B, width, H/p, W/p)`` on the
+    flow's patch grid, ``head`` classifies them (used only to train it).
+    """
+
+    def __init__(self, patch: int, width: int = 32, classes: int = 10) -> None:
+        super().__init__()
+        self.features = nn.Sequential(
+            nn.Conv2d(1, width, 3, padding=1), nn.SiLU(), nn.Conv2d(width, width, patch, stride=patch), nn.SiLU()
+        )
+        self.head = nn.Sequential(nn.AdaptiveAvgPool2d(1), nn.Flatten(), nn.Linear(width, classes))
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        return self.features(x)
+
+
+def clean(images: torch.Tensor, levels: int) -> torch.Tensor:
+    """Grey levels → ``[-1, 1]`` without noise (what the encoder sees)."""
+    return to_model(images.float() / (levels - 1))
+
+
+def train_encoder(images, labels, levels: int, args: argparse.Namespace) -> tuple[StandInEncoder, float]:
+    """The stand-in encoder trained by cross-entropy for ``args.encoder_seconds``; returns it frozen and its steps."""
+    torch.manual_seed(args.seed)
+    encoder = StandInEncoder(args.patch, args.encoder_width)
+    optimizer = torch.optim.Adam(encoder.parameters(), lr=2e-3)
+    generator = torch.Generator().manual_seed(args.seed + 2)
+    start, steps = time.perf_counter(), 0
+    while time.perf_counter() - start < args.encoder_seconds:
+        index = torch.randint(len(images), (128,), generator=generator)
+        logits = encoder.head(encoder(clean(images[index], levels)))
+        loss = nn.functional.cross_entropy(logits, labels[index])
+        optimizer.zero_grad(set_to_none=True)
+        loss.backward()
+        optimizer.step()
+        steps += 1
+    return encoder.eval().requires_grad_(False), steps
+
+
+def model_inputs(images, levels: int, sigma: float, generator: torch.Generator) -> torch.Tensor:
+    """Dequantised images in ``[-1, 1]``, plus Gaussian noise ``σ`` for a noise-augmented model."""
+    x = to_model(uniform_dequantize(images, levels, generator=generator))
+    return x + sigma * torch.randn(x.shape, generator=generator) if sigma else x
+
+
+def alignment(args: argparse.Namespace, encoder: nn.Module | None) -> RepresentationAlignment | None:
+    if encoder is None:
+        return None
+    where = [tuple(int(v) for v in pair.split(":")) for pair in args.align_where.split(",")]
+    return RepresentationAlignment(
+        encoder,
+        where=where,
+        route=args.align,
+        weight=args.align_weight,
+        width=args.width,
+        features=args.encoder_width,
+        hidden=4 * args.width,
+    )
+
+
+def train(flow: flows.TarFlow, images, labels, levels: int, args: argparse.Namespace, align=None) -> list[float]:
     """Train for ``args.seconds`` of wall clock; returns the step times."""
-    optimizer = torch.optim.AdamW(flow.parameters(), lr=args.lr, betas=(0.9, 0.95), weight_decay=1e-4)
+    parameters = [*flow.parameters(), *(align.projector.parameters() if align is not None else ())]
+    optimizer = torch.optim.AdamW(parameters, lr=args.lr, betas=(0.9, 0.95), weight_decay=1e-4)
     generator = torch.Generator().manual_seed(args.seed)
     dims, times, step, start = images[0].numel(), [], 0, time.perf_counter()
+    grid = (images.shape[-2] // args.patch, images.shape[-1] // args.patch)
     flow.train()
     while time.perf_counter() - start < args.seconds:
         t0 = time.perf_counter()
         index = torch.randint(len(images), (args.batch,), generator=generator)
-        v = uniform_dequantize(images[index], levels, generator=generator)
+        x = model_inputs(images[index], levels, args.noise_std, generator)
         for group in optimizer.param_groups:
             group["lr"] = args.lr * min(1.0, (step + 1) / args.warmup)
-        loss = -log_density(flow, v, labels[index]).mean() / dims
+        context = flow.class_context(labels[index])
+        if align is None:
+            loss = -(flow.log_prob(x, context) + dims * math.log(2)).mean() / dims
+        else:  # the NLL per dimension plus λ times the alignment term, in one pass
+            log_p, states = align.hidden_states(flow, x, context)
+            targets = align.targets(clean(images[index], levels), grid)
+            loss = -(log_p + dims * math.log(2)).mean() / dims + align.weight * align.alignment_loss(states, targets)
         optimizer.zero_grad(set_to_none=True)
         loss.backward()
-        torch.nn.utils.clip_grad_norm_(flow.parameters(), 1.0)
+        torch.nn.utils.clip_grad_norm_(parameters, 1.0)
         optimizer.step()
         times.append(time.perf_counter() - t0)
         step += 1
@@ -112,13 +185,20 @@ def evaluate(flow: flows.TarFlow, images, labels, levels: int, args: argparse.Na
     if args.all_test:
         result["bits_per_dim_all"] = bpd(len(images))
     n_cls = min(args.classify_images, len(images))
-    v = uniform_dequantize(images[:n_cls], levels, generator=generator)
-    predicted = bayes_classifier(flow, to_model(v), flow.num_classes).argmax(-1)
+    x = model_inputs(images[:n_cls], levels, 0.0, generator)  # scored as trained: noised with the model's σ
+    noise = "model" if flow.noise_std else None
+    predicted = bayes_classifier(flow, x, flow.num_classes, noise_std=noise, generator=generator).argmax(-1)
     result["bayes_accuracy"] = (predicted == labels[:n_cls]).double().mean().item()
+    if flow.noise_std:  # the reference notebook's way, for comparison: clean inputs to a noise-trained model
+        predicted = bayes_classifier(flow, x, flow.num_classes).argmax(-1)
+        result["bayes_accuracy_clean"] = (predicted == labels[:n_cls]).double().mean().item()
+    noised = x + flow.noise_std * torch.randn(x.shape, generator=generator) if flow.noise_std else x
+    predicted = gradient_classifier(flow, noised, flow.num_classes).argmax(-1)
+    result["gradient_accuracy"] = (predicted == labels[:n_cls]).double().mean().item()
     result["classify_images"] = n_cls
     y = flow.class_context(torch.arange(100) % 10)
     t0 = time.perf_counter()
-    x = flow.sample(context=y)
+    x = flow.sample(context=y, denoise=True if flow.noise_std else None)
     result["sample_100_s"] = time.perf_counter() - t0
     result["finite_samples"] = int(torch.isfinite(x.flatten(1)).all(1).sum())
     result["samples"] = x
@@ -152,6 +232,12 @@ def parse(argv: list[str] | None) -> argparse.Namespace:
     p.add_argument("--width", type=int, default=64)
     p.add_argument("--scale", default="exp", choices=["exp", "softplus", "sigmoid"])
     p.add_argument("--label-dropout", type=float, default=0.0)
+    p.add_argument("--noise-std", type=float, default=0.0, help="Gaussian noise augmentation σ in [-1, 1] units")
+    p.add_argument("--align", default="none", choices=["none", "reverse", "forward", "detach"])
+    p.add_argument("--align-weight", type=float, default=0.5)
+    p.add_argument("--align-where", default="-2:1,-1:1", help="aligned block:layer pairs (default: nearest z)")
+    p.add_argument("--encoder-seconds", type=float, default=60.0, help="training time of the stand-in encoder")
+    p.add_argument("--encoder-width", type=int, default=32)
     p.add_argument("--batch", type=int, default=64)
     p.add_argument("--lr", type=float, default=2e-3)
     p.add_argument("--warmup", type=int, default=100, help="linear warm-up steps")
@@ -178,13 +264,23 @@ def main(argv: list[str] | None = None) -> dict[str, float]:
         num_classes=10,
         scale=args.scale,
         label_dropout=args.label_dropout,
+        noise_std=args.noise_std or None,
     )
     parameters = sum(p.numel() for p in flow.parameters())
-    times = train(flow, x_tr, y_tr, levels, args)
+    encoder_steps = None
+    if args.align != "none":
+        encoder, encoder_steps = train_encoder(x_tr, y_tr, levels, args)
+        align = alignment(args, encoder)
+    else:
+        align = None
+    torch.manual_seed(args.seed)
+    times = train(flow, x_tr, y_tr, levels, args, align)
     result = evaluate(flow, x_te, y_te, levels, args)
     samples = result.pop("samples")
     result.update(steps=len(times), median_step_s=statistics.median(times) if times else float("nan"))
     result["parameters"] = parameters
+    if encoder_steps is not None:
+        result["encoder_steps"] = encoder_steps
     print(f"TarFlow on {args.data}: {parameters:,} parameters, {args.threads} thread(s), {args.seconds:g} s budget")
     for key, value in result.items():
         print(f"  {key:18s} {value:.4g}" if isinstance(value, float) else f"  {key:18s} {value}")

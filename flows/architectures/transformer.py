@@ -10,11 +10,12 @@ from __future__ import annotations
 
 import math
 from collections.abc import Sequence
+from dataclasses import dataclass
 
 import torch
 from torch import Tensor
 
-from flows._validation import as_sample_shape
+from flows._validation import as_sample_shape, check_event, check_finite, check_like
 from flows.architectures._arguments import check_builder, check_context, check_count, check_hidden, check_nonnegative
 from flows.bijections.base import Bijection, Chain, Inverse
 from flows.bijections.multiscale import Flatten
@@ -24,7 +25,7 @@ from flows.bijections.transformer_autoregressive import TransformerAutoregressiv
 from flows.distributions import StandardNormal
 from flows.flow import Flow
 
-__all__ = ["TarFlow"]
+__all__ = ["TarFlow", "TarFlowPass"]
 
 
 def _tokenizer(who: str, features: int | Sequence[int], patch: int | None, token_features: int) -> Bijection:
@@ -93,6 +94,10 @@ class TarFlow(Flow):
         decoding: how sampling inverts a block: ``"cached"``, ``"uncached"`` or ``"jacobi"``.
         label_dropout: in train mode, :meth:`log_prob` replaces each class label by the null class
             with this probability (TarFlow trains guidance so, with 0.1), once for all blocks.
+        noise_std: the Gaussian noise augmentation :math:`y = x + \sigma\varepsilon` the flow is
+            trained with (``None`` for none), recorded on the model: :class:`~flows.train.MaximumLikelihood`
+            adds it to every training batch, ``sample(denoise=True)`` removes it by a Tweedie step and
+            :func:`~flows.classify.bayes_classifier` can score inputs noised alike (``noise_std="model"``).
         standardize: data or a fitted :class:`~flows.bijections.Standardize` layer (see :class:`~flows.flow.Flow`).
 
     Raises:
@@ -125,9 +130,11 @@ class TarFlow(Flow):
         first_token: str = "identity",
         decoding: str = "cached",
         label_dropout: float = 0.0,
+        noise_std: float | None = None,
         standardize: Tensor | Standardize | None = None,
     ) -> None:
         who = type(self).__name__
+        noise_std = None if noise_std is None else check_nonnegative(who, "noise_std", noise_std) or None
         label_dropout = check_nonnegative(who, "label_dropout", label_dropout)
         if label_dropout > 1 or (label_dropout and not num_classes):
             raise ValueError(f"{who}: expected label_dropout in [0, 1] with num_classes > 0, got {label_dropout}")
@@ -170,6 +177,7 @@ class TarFlow(Flow):
             standardize=standardize,
         )
         self.tokens, self.num_classes, self.label_dropout = tokens, num_classes, label_dropout
+        self.noise_std = noise_std
 
     @property
     def blocks(self) -> list[TransformerAutoregressive]:
@@ -194,13 +202,66 @@ class TarFlow(Flow):
             )
         return labels.to(self._anchor)[:, None]
 
-    def log_prob(self, x: Tensor, context: Tensor | None = None) -> Tensor:
-        """Log-density of ``x``; in train mode with ``label_dropout``, labels are first dropped to the null class."""
+    def _dropped(self, x: Tensor, context: Tensor | None) -> Tensor | None:
+        """The context with labels dropped to the null class (train mode with ``label_dropout`` only)."""
         if self.training and self.label_dropout and context is not None:
             self._check_context(context, x)
             drop = torch.rand(context.shape, device=context.device) < self.label_dropout
             context = torch.where(drop, torch.full_like(context, -1.0), context)
-        return super().log_prob(x, context)
+        return context
+
+    def log_prob(self, x: Tensor, context: Tensor | None = None) -> Tensor:
+        """Log-density of ``x``; in train mode with ``label_dropout``, labels are first dropped to the null class."""
+        return super().log_prob(x, self._dropped(x, context))
+
+    def _checked(self, x: Tensor, context: Tensor | None, *, has_context: bool = True) -> None:
+        name = type(self).__name__
+        check_event(x, self.transform.event_shape, name)
+        check_like(x, self._anchor, name)
+        if self.check_finite:
+            check_finite(x, name)
+        if has_context:
+            self._check_context(context, x)
+
+    def log_prob_class_weights(self, x: Tensor, weights: Tensor) -> Tensor:
+        r"""Log-density of ``x`` given the class mixture :math:`w^\top E` in every block (soft labels).
+
+        ``weights`` ``(*batch, K)``, real: a one-hot row gives ``log_prob`` of that class, the
+        uniform row ``1/K`` the mean-embedding null class (``null_class="mean"``). Differentiable in
+        ``weights``: :func:`flows.classify.gradient_classifier` reads :math:`\partial \log p / \partial w`.
+
+        Raises:
+            ValueError: for a flow without classes, or bad data or weights.
+        """
+        if not self.num_classes:
+            raise ValueError("TarFlow: expected a class-conditional flow (num_classes > 0) for class weights")
+        self._checked(x, None, has_context=False)
+        ladj = None
+        for layer in _members(self.transform):
+            if isinstance(layer, TransformerAutoregressive):
+                x, term = layer.forward_with_class_weights(x, weights)
+            else:
+                x, term = layer.forward_and_log_det(x, None)
+            ladj = term if ladj is None else ladj + term
+        return self.base.log_prob(x) + ladj
+
+    def forward_pass(self, x: Tensor, context: Tensor | None = None) -> TarFlowPass:
+        """``log_prob`` that also keeps every block's input and the context it used (label dropout applied).
+
+        What :class:`flows.train.RepresentationAlignment` builds the aligned features from, in the
+        same pass as the maximum-likelihood loss.
+        """
+        context = self._dropped(x, context)
+        self._checked(x, context)
+        inputs, ladj = [], None
+        for layer in _members(self.transform):
+            if isinstance(layer, TransformerAutoregressive):
+                inputs.append(x)
+            x, term = layer.forward_and_log_det(x, context)
+            ladj = term if ladj is None else ladj + term
+            if isinstance(layer, TransformerAutoregressive):
+                outputs = x
+        return TarFlowPass(self.base.log_prob(x, context) + ladj, inputs, outputs, context)
 
     @torch.no_grad()
     def sample(
@@ -212,6 +273,7 @@ class TarFlow(Flow):
         schedule: str = "constant",
         temperature: float = 1.0,
         rule: str = "tarflow",
+        denoise: float | bool | None = None,
     ) -> Tensor:
         r"""Samples ``(*sample_shape, *context_batch, *event_shape)``, with classifier-free guidance when asked.
 
@@ -221,7 +283,39 @@ class TarFlow(Flow):
         unconditional pass's attention temperature; ``rule``: ``"tarflow"`` or STARFlow's
         ``"product"``); ``None`` is plain sampling. ``w = 0`` gives
         the same samples as plain sampling from the same noise.
+
+        ``denoise = σ`` (or ``True``: the flow's recorded ``noise_std``) ends with one Tweedie step
+        with the flow's own score, :math:`x + \sigma^2 \nabla_x \log p(x \mid c)`
+        (:func:`~flows.tweedie_denoise`, conditional on ``context``): the posterior mean of clean
+        data for a flow trained on data noised with σ.
+
+        Raises:
+            ValueError: for ``denoise=True`` on a flow trained without noise, or a bad σ.
         """
+        sigma = self._denoise_sigma(denoise)
+        x = self._sample(sample_shape, context, guidance, schedule, temperature, rule)
+        if sigma is None:
+            return x
+        c = None if context is None else self._latent_context(as_sample_shape(sample_shape), context)
+        y = x.detach().requires_grad_(True)
+        with torch.enable_grad():  # the score of the summed log-density (what flows.tweedie_denoise computes)
+            (score,) = torch.autograd.grad(self.log_prob(y, c).sum(), y)
+        return (y + sigma**2 * score).detach()
+
+    def _denoise_sigma(self, denoise: float | bool | None) -> float | None:
+        if denoise is None or denoise is False:
+            return None
+        if denoise is True:
+            if self.noise_std is None:
+                raise ValueError("TarFlow: expected a flow trained with noise_std for denoise=True, got noise_std=None")
+            return self.noise_std
+        if isinstance(denoise, (int, float)) and 0 <= denoise < math.inf:
+            return float(denoise)
+        raise ValueError(f"TarFlow: expected denoise to be None, True or a finite sigma >= 0, got {denoise!r}")
+
+    def _sample(
+        self, sample_shape: Sequence[int] | int, context: Tensor | None, guidance, schedule, temperature, rule
+    ) -> Tensor:
         if guidance is None:
             return super().sample(sample_shape, context)
         self._check_context(context)
@@ -234,6 +328,23 @@ class TarFlow(Flow):
             else:
                 x = layer.inverse(x, c)
         return x
+
+
+@dataclass(frozen=True)
+class TarFlowPass:
+    """What :meth:`TarFlow.forward_pass` returns.
+
+    Attributes:
+        log_prob: ``log p(x | context)`` ``(*batch,)``.
+        inputs: each TarFlow block's input tokens ``(*batch, T, C)``, data side first.
+        output: the last block's output tokens (the latent, as tokens).
+        context: the context the blocks saw (labels after dropout).
+    """
+
+    log_prob: Tensor
+    inputs: list[Tensor]
+    output: Tensor
+    context: Tensor | None
 
 
 def _members(transform: Bijection) -> list[Bijection]:

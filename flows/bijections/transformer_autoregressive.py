@@ -231,9 +231,50 @@ class TransformerAutoregressive(Bijection):
     # -- the contract -------------------------------------------------------------------------------
     def forward_and_log_det(self, x: Tensor, context: Tensor | None = None) -> tuple[Tensor, Tensor]:
         xs, batch = self._flat(x)
-        log_s, b = self._scale_shift(self.net(self._shifted(xs), self._net_context(context, batch)), slice(None))
+        return self._forward(xs, self._net_context(context, batch), batch)
+
+    def _forward(self, xs: Tensor, c: Tensor | None, batch: torch.Size) -> tuple[Tensor, Tensor]:
+        log_s, b = self._scale_shift(self.net(self._shifted(xs), c), slice(None))
         z = (xs - b) * torch.exp(-log_s)
         return self._unflat(z, -log_s.sum(dim=(-2, -1)), batch)
+
+    def forward_with_class_weights(self, x: Tensor, weights: Tensor) -> tuple[Tensor, Tensor]:
+        r"""``(z, ladj)`` of the forward map conditioned on the class mixture :math:`w^\top E` (soft labels).
+
+        ``weights`` ``(*batch, K)``: real weights of the ``K`` class embeddings (one-hot gives the
+        class's forward, ``1/K`` the mean-embedding null class); differentiable in ``weights``,
+        which is what FlowBack's gradient classifier needs (:func:`flows.classify.gradient_classifier`).
+
+        Raises:
+            ValueError: for a block without classes, or weights of the wrong shape, dtype or not finite.
+        """
+        who = type(self).__name__
+        if not self.num_classes:
+            raise ValueError(f"{who}: expected a class-conditional block (num_classes > 0) for class weights")
+        batch = x.shape[:-2]
+        if (
+            not weights.is_floating_point()
+            or weights.shape[-1:] != (self.num_classes,)
+            or not torch.isfinite(weights).all()
+        ):
+            raise ValueError(
+                f"{who}: expected finite float class weights (*batch, {self.num_classes}), got {weights.dtype} "
+                f"of shape {tuple(weights.shape)}"
+            )
+        xs, _ = self._flat(x)
+        c = weights.expand(*batch, self.num_classes).reshape(-1, self.num_classes)
+        return self._forward(xs, c, batch)
+
+    def hidden_states(self, x: Tensor, context: Tensor | None = None, *, layers: Sequence[int]) -> list[Tensor]:
+        """The conditioner's hidden states after the transformer layers ``layers``, ``(*batch, T, width)`` each.
+
+        Row ``t`` is in the data's token order (the block's permutation undone) and is the state
+        from which token ``t``'s scale and shift are computed: it depends on the tokens before
+        ``t`` in the block's order. What :class:`flows.train.RepresentationAlignment` aligns.
+        """
+        xs, batch = self._flat(x)
+        states = self.net.hidden_states(self._shifted(xs), self._net_context(context, batch), layers=layers)
+        return [h.index_select(1, self.inverse_perm).reshape(*batch, self.tokens, h.shape[-1]) for h in states]
 
     def inverse_and_log_det(self, z: Tensor, context: Tensor | None = None) -> tuple[Tensor, Tensor]:
         zs, batch = self._flat(z)

@@ -2,6 +2,8 @@ r"""Bayes-rule classification with a class-conditional flow: :func:`bayes_classi
 
 from __future__ import annotations
 
+import math
+
 import torch
 from torch import Tensor, nn
 
@@ -16,6 +18,25 @@ def _class_context(x_batch: torch.Size, k: int, num_classes: int, encoding: str,
     return context
 
 
+def _noise_level(flow: nn.Module, noise_std: float | str | None) -> float:
+    """The σ to noise the inputs with (0 for none)."""
+    if noise_std is None:
+        return 0.0
+    if isinstance(noise_std, str):
+        recorded = getattr(flow, "noise_std", None)
+        if noise_std != "model" or recorded is None:
+            raise ValueError(
+                "bayes_classifier: expected noise_std='model' for a flow that records its training noise_std, "
+                f"got {noise_std!r} for {type(flow).__name__} with noise_std={recorded!r}"
+            )
+        return float(recorded)
+    if isinstance(noise_std, bool) or not isinstance(noise_std, (int, float)) or not 0 <= noise_std < math.inf:
+        raise ValueError(
+            f"bayes_classifier: expected noise_std None, 'model' or a finite number >= 0, got {noise_std!r}"
+        )
+    return float(noise_std)
+
+
 def bayes_classifier(
     flow: nn.Module,
     x: Tensor,
@@ -23,6 +44,9 @@ def bayes_classifier(
     log_prior: Tensor | None = None,
     *,
     encoding: str | None = None,
+    noise_std: float | str | None = None,
+    draws: int = 1,
+    generator: torch.Generator | None = None,
 ) -> Tensor:
     r"""Class posteriors :math:`\log p(y \mid x)` from a class-conditional flow, by Bayes' rule (``K`` passes).
 
@@ -30,8 +54,12 @@ def bayes_classifier(
               - \log \sum_j \exp\big(\log p(x \mid j) + \log \pi_j\big),
 
     with :math:`\log p(x \mid k)` the flow's ``log_prob(x, context=c_k)``. Score the inputs the way
-    the flow was trained: a model trained on noise-augmented data models noisy inputs, so noise the
-    test inputs alike (or average over draws) rather than scoring clean ones.
+    the flow was trained: a model trained on noise-augmented data :math:`x + \sigma\varepsilon`
+    models noisy inputs, so pass ``noise_std="model"`` (the σ the flow records, e.g.
+    ``TarFlow(noise_std=σ)``) or a σ: then :math:`\log p(x \mid k)` is the mean over ``draws``
+    noise draws of :math:`\log p(x + \sigma\varepsilon_j \mid k)`, the same draws for every
+    class. Scoring clean inputs with a noise-trained flow (``noise_std=None``) asks it about data
+    it never saw.
 
     Args:
         flow: a class-conditional flow (``log_prob(x, context=...)``).
@@ -41,13 +69,18 @@ def bayes_classifier(
         encoding: how a class is passed as the context: ``"index"`` (a float ``(*batch, 1)``
             holding ``k``, as :class:`~flows.TarFlow` takes it) or ``"one_hot"`` (``(*batch, K)``);
             default from the flow's ``context_features`` (1: index, ``K``: one-hot).
+        noise_std: ``None`` (score ``x`` as given), ``"model"`` (the flow's recorded ``noise_std``)
+            or a σ >= 0 to noise the inputs with.
+        draws: the number of noise draws averaged (with a noise σ > 0).
+        generator: the random generator of the noise draws (default: torch's global one).
 
     Returns:
         ``(*batch, K)`` log posterior probabilities (``exp`` sums to 1 over the last axis).
 
     Raises:
-        ValueError: for ``K < 2``, a prior of the wrong shape or not finite, or an encoding that
-            cannot be inferred or is unknown.
+        ValueError: for ``K < 2``, a prior of the wrong shape or not finite, an encoding that
+            cannot be inferred or is unknown, ``noise_std="model"`` for a flow that records no
+            noise, a bad σ or a bad number of draws.
 
     Example:
         >>> import torch
@@ -68,12 +101,21 @@ def bayes_classifier(
             )
     if encoding not in ("index", "one_hot"):
         raise ValueError(f"bayes_classifier: expected encoding in ['index', 'one_hot'], got {encoding!r}")
+    sigma = _noise_level(flow, noise_std)
+    if isinstance(draws, bool) or not isinstance(draws, int) or draws < 1:
+        raise ValueError(f"bayes_classifier: expected draws to be an int >= 1, got {draws!r}")
     event = len(getattr(flow, "event_shape", ()))
     batch = x.shape[: x.dim() - event]
-    log_p = torch.stack(
-        [flow.log_prob(x, context=_class_context(batch, k, num_classes, encoding, x)) for k in range(num_classes)],
-        dim=-1,
-    )
+    contexts = [_class_context(batch, k, num_classes, encoding, x) for k in range(num_classes)]
+    rounds = draws if sigma else 1
+    log_p = 0.0
+    for _ in range(rounds):
+        y = x
+        if sigma:
+            device = generator.device if generator is not None else x.device
+            y = x + sigma * torch.randn(x.shape, generator=generator, dtype=x.dtype, device=device).to(x.device)
+        log_p = log_p + torch.stack([flow.log_prob(y, context=c) for c in contexts], dim=-1)
+    log_p = log_p / rounds
     if log_prior is not None:
         log_prior = torch.as_tensor(log_prior, dtype=log_p.dtype, device=log_p.device)
         if log_prior.shape != (num_classes,) or not torch.isfinite(log_prior).all():

@@ -19,8 +19,8 @@ _FILE = "mnist.npz"
 
 
 def load_mnist(
-    data_dir: str | os.PathLike | None = None, *, image: bool = True, verify: bool = True
-) -> tuple[Tensor, Tensor]:
+    data_dir: str | os.PathLike | None = None, *, image: bool = True, verify: bool = True, labels: bool = False
+) -> tuple[Tensor, Tensor] | tuple[tuple[Tensor, Tensor], tuple[Tensor, Tensor]]:
     """Load MNIST's standard train and test sets from ``mnist.npz`` in the data directory.
 
     The file (arrays ``x_train`` (60000, 28, 28), ``x_test`` (10000, 28, 28), uint8, and the labels)
@@ -32,15 +32,18 @@ def load_mnist(
         data_dir: folder holding ``mnist.npz`` (default: ``$FLOWS_DATA_DIR``).
         image: return ``(N, 1, 28, 28)`` images instead of ``(N, 784)`` vectors.
         verify: check the checksum (cached per process).
+        labels: also return the digit labels (``y_train``, ``y_test``).
 
     Returns:
         ``(train, test)`` grey levels in ``0..255`` as ``torch.uint8`` tensors. Wrap them in a
         ``torch.utils.data.TensorDataset`` for a ``DataLoader``; dequantize each batch with
-        :func:`flows.data.uniform_dequantize` (``levels=MNIST_LEVELS``).
+        :func:`flows.data.uniform_dequantize` (``levels=MNIST_LEVELS``). With ``labels=True``:
+        ``((train, train_labels), (test, test_labels))``, the labels ``0..9`` as ``torch.int64`` ``(N,)``.
 
     Raises:
         FileNotFoundError: naming ``mnist.npz`` and the directory when the file or the directory is missing.
-        ValueError: when the checksum does not match, or the file lacks the expected arrays.
+        ValueError: when the checksum does not match, or the file lacks the expected arrays (the
+            labels ``y_train``, ``y_test`` too when asked for).
 
     Example:
         The file must be in the data directory (the real load is skipped here: it needs ``$FLOWS_DATA_DIR``):
@@ -56,14 +59,25 @@ def load_mnist(
     """
     path = data_file(_FILE, data_dir, verify=verify)
     with np.load(path) as arrays:
-        missing = {"x_train", "x_test"} - set(arrays.files)
+        wanted = {"x_train", "x_test"} | ({"y_train", "y_test"} if labels else set())
+        missing = wanted - set(arrays.files)
         if missing:
-            raise ValueError(f"expected arrays x_train and x_test in {str(path)!r}, missing {sorted(missing)}")
+            raise ValueError(f"expected arrays {sorted(wanted)} in {str(path)!r}, missing {sorted(missing)}")
         train, test = arrays["x_train"], arrays["x_test"]
+        targets = [np.asarray(arrays[name]) for name in ("y_train", "y_test")] if labels else []
     out = []
     for name, a in (("x_train", train), ("x_test", test)):
         if a.dtype != np.uint8 or a.ndim != 3 or a.shape[1:] != (28, 28):
             raise ValueError(f"expected {name} of shape (N, 28, 28) and dtype uint8, got {a.shape} {a.dtype}")
         t = torch.from_numpy(np.ascontiguousarray(a))
         out.append(t.reshape(-1, 1, 28, 28) if image else t.reshape(-1, 784))
-    return out[0], out[1]
+    if not labels:
+        return out[0], out[1]
+    ys = []
+    for images, y, name in zip(out, targets, ("y_train", "y_test"), strict=True):
+        if y.shape != (len(images),) or y.dtype.kind not in "iu" or (y.size and not 0 <= y.min() <= y.max() <= 9):
+            raise ValueError(
+                f"expected {name} of shape ({len(images)},) holding integers 0..9, got {y.shape} {y.dtype}"
+            )
+        ys.append(torch.from_numpy(y.astype(np.int64)))
+    return (out[0], ys[0]), (out[1], ys[1])

@@ -25,6 +25,7 @@ References:
 from __future__ import annotations
 
 import math
+from collections.abc import Sequence
 from dataclasses import dataclass
 
 import torch
@@ -173,10 +174,13 @@ class CausalTransformer(nn.Module):
         return KVCache((empty,) * len(self.blocks), (empty,) * len(self.blocks))
 
     def condition(self, context: Tensor | None) -> Tensor | None:
-        """The per-sequence embedding ``(N, 1, width)`` added to every token, or ``None``.
+        r"""The per-sequence embedding ``(N, 1, width)`` added to every token, or ``None``.
 
-        ``context``: class indices ``(N,)`` (an integer tensor, ``-1`` for the null class) when the
-        network has a class table, a float tensor ``(N, context_features)`` for a continuous context.
+        ``context``: class indices ``(N,)`` (an integer tensor, ``-1`` for the null class) or class
+        weights ``w`` ``(N, num_classes)`` (a float tensor; the embedding is the mixture
+        :math:`w^\top E` of the class rows, so a one-hot ``w`` is the index path and, with
+        ``null_class="mean"``, the uniform ``w = 1/K`` is the null class) when the network has a
+        class table; a float tensor ``(N, context_features)`` for a continuous context.
 
         Raises:
             ValueError: for a missing context, or class indices outside ``-1..num_classes-1``.
@@ -184,10 +188,12 @@ class CausalTransformer(nn.Module):
         if self.num_classes:
             if context is None:
                 raise ValueError(f"CausalTransformer: expected class indices in -1..{self.num_classes - 1}, got None")
+            if context.is_floating_point() and context.dim() == 2 and context.shape[1] == self.num_classes:
+                return (context @ self.classes)[:, None]  # soft labels: a mixture w^T E of the class rows
             if context.is_floating_point() or context.dim() != 1:
                 raise ValueError(
-                    "CausalTransformer: expected class indices as an integer tensor (N,), "
-                    f"got {context.dtype} of shape {tuple(context.shape)}"
+                    "CausalTransformer: expected class indices as an integer tensor (N,), or class weights as a "
+                    f"float tensor (N, {self.num_classes}), got {context.dtype} of shape {tuple(context.shape)}"
                 )
             if context.numel() and (context.min() < -1 or context.max() >= self.num_classes):
                 raise ValueError(
@@ -228,6 +234,30 @@ class CausalTransformer(nn.Module):
             keys.append(k)
             values.append(v)
         return self.proj_out(h), KVCache(tuple(keys), tuple(values))
+
+    def hidden_states(self, x: Tensor, context: Tensor | None = None, *, layers: Sequence[int]) -> list[Tensor]:
+        """The hidden states ``(N, S, width)`` after each transformer block in ``layers`` (0-based), one pass.
+
+        Row ``s`` depends on input tokens ``0..s`` only, as the output does; the pass stops at the
+        deepest layer asked for (what representation alignment reads, and nothing more).
+
+        Raises:
+            ValueError: for a layer outside ``0..layers-1`` or too many positions.
+        """
+        wanted = sorted(set(layers))
+        if not wanted or wanted[0] < 0 or wanted[-1] >= len(self.blocks):
+            raise ValueError(f"CausalTransformer: expected layers in 0..{len(self.blocks) - 1}, got {list(layers)}")
+        if x.shape[1] > self.tokens:
+            raise ValueError(f"CausalTransformer: expected at most {self.tokens} positions, got {x.shape[1]}")
+        h = self.proj_in(x) + self.position[: x.shape[1]]
+        extra = self.condition(context)
+        if extra is not None:
+            h = h + extra
+        states = {}
+        for index, block in enumerate(self.blocks[: wanted[-1] + 1]):
+            h, _ = block(h, None, 1.0)
+            states[index] = h
+        return [states[layer] for layer in layers]
 
     def forward(self, x: Tensor, context: Tensor | None = None, *, temperature: float = 1.0) -> Tensor:
         """All outputs ``(N, S, out_features)`` of a whole sequence ``x`` ``(N, S, in_features)`` in one pass."""

@@ -14,10 +14,13 @@
 * checkpoints: :func:`save_checkpoint`, :func:`load_checkpoint`, :func:`save_model`,
   :func:`load_model`, model configs (:func:`model_config`, :func:`build_model`,
   :func:`register_model`);
-* :mod:`flows.train.distributed`: ``torch.distributed`` helpers.
+* :mod:`flows.train.distributed`: ``torch.distributed`` helpers;
+* representation alignment of TarFlows with a frozen encoder (REPA / FlowBack):
+  :class:`RepresentationAlignment`.
 """
 
 from flows.train._lock import RunLockedError
+from flows.train.alignment import RepresentationAlignment
 from flows.train.callbacks import Callback, EarlyStopping, MetricsLogger, PrintMetrics
 from flows.train.checkpoint import (
     Checkpoint,
@@ -61,6 +64,7 @@ __all__ = [
     "Objective",
     "PairRegression",
     "PrintMetrics",
+    "RepresentationAlignment",
     "ReverseKL",
     "RunLockedError",
     "Trainer",

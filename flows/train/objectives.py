@@ -136,9 +136,16 @@ class MaximumLikelihood(Objective):
         Theis, van den Oord, Bethge (2016), "A note on the evaluation of generative models", ICLR,
         arXiv:1511.01844 (dequantization).
 
+    With ``noise_std = σ`` (or, when not given, the ``noise_std`` the model records, as
+    :class:`~flows.TarFlow` does), every batch is noise-augmented, :math:`x \leftarrow x + \sigma
+    \varepsilon`, :math:`\varepsilon \sim \mathcal N(0, I)`, after any dequantization: the flow
+    then models the noised density :math:`p * \mathcal N(0, \sigma^2 I)` (TarFlow's training;
+    denoise samples with :func:`flows.tweedie_denoise`). Validation noises with the fixed seed too.
+
     Args:
         levels: number of discrete levels ``K`` of integer data (``None`` for continuous data).
         eval_seed: seed of the dequantization noise during :meth:`evaluate`.
+        noise_std: Gaussian noise augmentation σ >= 0 (``None``: the model's ``noise_std``, if any).
 
     Raises:
         ValueError: when called, for a batch without rows or without its batch dimension, a context
@@ -157,11 +164,22 @@ class MaximumLikelihood(Objective):
         1.8379
     """
 
-    def __init__(self, *, levels: int | None = None, eval_seed: int = 0) -> None:
+    def __init__(self, *, levels: int | None = None, eval_seed: int = 0, noise_std: float | None = None) -> None:
         if levels is not None and (not isinstance(levels, int) or levels < 2):
             raise ValueError(f"MaximumLikelihood: expected levels to be an int >= 2 or None, got {levels!r}")
+        if noise_std is not None and (
+            isinstance(noise_std, bool) or not isinstance(noise_std, (int, float)) or not 0 <= noise_std < math.inf
+        ):
+            raise ValueError(
+                f"MaximumLikelihood: expected noise_std to be a finite number >= 0 or None, got {noise_std!r}"
+            )
         self.levels = levels
         self.eval_seed = eval_seed
+        self.noise_std = noise_std
+
+    def _noise(self, model: nn.Module) -> float:
+        sigma = self.noise_std if self.noise_std is not None else getattr(model, "noise_std", None)
+        return float(sigma or 0.0)
 
     def _inputs(self, model: nn.Module, batch: object) -> tuple[Tensor, Tensor | None]:
         x, context = split_batch(batch)
@@ -174,6 +192,9 @@ class MaximumLikelihood(Objective):
                 f"MaximumLikelihood: expected floating-point data, got dtype {x.dtype}; "
                 "for integer data pass levels=K to dequantize it"
             )
+        sigma = self._noise(model)
+        if sigma:
+            x = x + sigma * torch.randn_like(x)
         return x, context
 
     def __call__(self, model: nn.Module, batch: object) -> ObjectiveOutput:
@@ -187,7 +208,7 @@ class MaximumLikelihood(Objective):
         return loss, {"bits_per_dim": bpd}
 
     def evaluate(self, model: nn.Module, batches: Iterable[object]) -> dict[str, float]:
-        if self.levels is None:
+        if self.levels is None and not self._noise(model):
             return super().evaluate(model, batches)
         devices = [p.device for p in model.parameters() if p.device.type == "cuda"][:1]
         with torch.random.fork_rng(devices=devices):
@@ -195,7 +216,8 @@ class MaximumLikelihood(Objective):
             return super().evaluate(model, batches)
 
     def __repr__(self) -> str:
-        return f"MaximumLikelihood(levels={self.levels})"
+        noise = "" if self.noise_std is None else f", noise_std={self.noise_std}"
+        return f"MaximumLikelihood(levels={self.levels}{noise})"
 
 
 class WeightedSum(Objective):
