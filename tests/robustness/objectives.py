@@ -37,6 +37,8 @@ NO_DATA = {
     "PairRegression": "takes (z, x) latent-data pairs, not (x, context) batches; pair shapes are checked by "
     "pair_regression_loss",
     "Objective": "the abstract base class",
+    "RepresentationAlignment": "needs a TarFlow on image tokens and an encoder of those images, not the family's "
+    "(N, 2) batches; tests/test_alignment.py checks its bad inputs (a recipe is still owed, see docs/reliability.md)",
 }
 """Objectives of ``flows.train`` that take no ``(x, context)`` data batch, with the reason."""
 
