@@ -500,9 +500,13 @@ def _kinds(annotation: object) -> tuple[type, ...] | None:
 def _check_types(builder: Any, arguments: dict[str, Any], where: str) -> None:
     """Refuse an argument whose JSON kind the builder's annotation does not admit (``clamp=true``)."""
     try:
-        parameters = inspect.signature(builder).parameters
+        # a class's __init__, read directly: Flow defines __new__(*args, **kwargs), which some Python
+        # versions (3.11.2) report as the class's signature
+        target = builder.__init__ if inspect.isclass(builder) else builder
+        parameters = dict(inspect.signature(target).parameters)
     except (TypeError, ValueError):
         return
+    parameters.pop("self", None)
     for name, value in arguments.items():
         kinds = _kinds(parameters[name].annotation) if name in parameters else None
         if kinds is None:
