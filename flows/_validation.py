@@ -284,7 +284,7 @@ def check_samples(
     return x
 
 
-def check_count(value: object, who: str, name: str, *, minimum: int = 1, maximum: int | None = None) -> int:
+def check_count(who: str, name: str, value: object, *, minimum: int = 1, maximum: int | None = None) -> int:
     """Return ``value`` if it is an ``int`` (not a bool) in ``[minimum, maximum]``, else raise naming it.
 
     ``maximum`` bounds sizes that allocate (bins, projections) before anything is allocated.

@@ -167,7 +167,7 @@ class Flow(nn.Module):
                 f"but the base distribution has event shape {format_shape(base.event_shape)}"
             )
         if context is not None:
-            check_count(context, "Flow", "context", minimum=0)
+            check_count("Flow", "context", context, minimum=0)
         if context and not _uses_context(transform, base):
             raise ValueError(
                 f"Flow: expected a transform or base with a conditional layer (context_features > 0) for "

@@ -40,6 +40,6 @@ def bits_per_dim(log_prob: Tensor, dims: int, levels: int) -> Tensor:
         8.0
     """
     log_prob = check_samples(log_prob, "bits_per_dim", "log_prob")
-    check_count(dims, "bits_per_dim", "dims")
-    check_count(levels, "bits_per_dim", "levels", minimum=2)
+    check_count("bits_per_dim", "dims", dims)
+    check_count("bits_per_dim", "levels", levels, minimum=2)
     return -(log_prob - dims * math.log(levels)) / (dims * math.log(2))

@@ -101,8 +101,8 @@ def sample_log_weights(flow: Flow, target: EnergyTarget, n: int, *, batch_size: 
     if not callable(getattr(target, "energy", None)):
         raise TypeError(f"sample_log_weights: expected an energy target, got {type(target).__name__}")
     size = math.prod(s or 1 for s in flow.event_shape)
-    check_count(n, "sample_log_weights", "n", maximum=MAX_SAMPLE_ENTRIES // size)
-    check_count(batch_size, "sample_log_weights", "batch_size")
+    check_count("sample_log_weights", "n", n, maximum=MAX_SAMPLE_ENTRIES // size)
+    check_count("sample_log_weights", "batch_size", batch_size)
     xs, ws = [], []
     with evaluating(flow):
         for start in range(0, n, batch_size):
@@ -248,7 +248,7 @@ def free_energy_profile(
     coordinate = check_samples(
         coordinate, "free_energy_profile", "coordinate", layout="(N,)", ndim=1, nan="refuse", inf="refuse"
     )
-    check_count(bins, "free_energy_profile", "bins", maximum=MAX_BINS)
+    check_count("free_energy_profile", "bins", bins, maximum=MAX_BINS)
     n = coordinate.numel()
     if log_w is None:
         w = torch.full_like(coordinate, 1.0 / n)

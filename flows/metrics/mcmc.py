@@ -495,7 +495,7 @@ def sliced_wasserstein(
         raise ValueError(
             f"sliced_wasserstein: expected samples with the same event shape, got {tuple(x.shape)} and {tuple(y.shape)}"
         )
-    check_count(projections, "sliced_wasserstein", "projections", maximum=MAX_PROJECTIONS)
+    check_count("sliced_wasserstein", "projections", projections, maximum=MAX_PROJECTIONS)
     if isinstance(p, bool) or not isinstance(p, (int, float)) or not math.isfinite(p) or p < 1:
         raise ValueError(f"sliced_wasserstein: expected a finite order p >= 1, got {p!r}")
     dtype = torch.promote_types(torch.promote_types(x.dtype, y.dtype), torch.float32)

@@ -267,7 +267,7 @@ def _pair_inputs(
     x = check_configurations(x, who, "x", n_particles, spatial_dim)
     z = check_configurations(z, who, "z", n_particles, spatial_dim)
     _check_flag(reflections, who, "reflections")
-    check_count(exact_up_to, who, "exact_up_to", minimum=0, maximum=MAX_EXACT)
+    check_count(who, "exact_up_to", exact_up_to, minimum=0, maximum=MAX_EXACT)
     if z.shape[0] not in (1, x.shape[0]) and x.shape[0] != 1:
         raise ValueError(
             f"{who}: expected z with as many rows as x ({x.shape[0]}) or one, "
@@ -373,7 +373,7 @@ def align(
             ``exact_up_to`` outside ``[0, MAX_EXACT]`` or ``refine`` outside ``[0, 100]``.
     """
     x, z = _pair_inputs(x, z, n_particles, spatial_dim, "align", reflections, exact_up_to)
-    check_count(refine, "align", "refine", minimum=0, maximum=100)
+    check_count("align", "refine", refine, minimum=0, maximum=100)
     bad = non_finite_rows(x, z)
     if bool(bad.any()):
         out = torch.full_like(x, torch.nan)
@@ -598,7 +598,7 @@ def path_lengths(
         raise ValueError(
             f"path_lengths: expected x and z of the same shape (N, n·d), got {tuple(x.shape)} and {tuple(z.shape)}"
         )
-    check_count(batch_size, "path_lengths", "batch_size")
+    check_count("path_lengths", "batch_size", batch_size)
     dtype = torch.promote_types(x.dtype, z.dtype)
     x, z = x.to(dtype), z.to(dtype)
     if couplings is None:

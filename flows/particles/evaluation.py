@@ -47,8 +47,8 @@ def nll_conventions(nll: float, n_particles: int, spatial_dim: int) -> dict[str,
 
 def _chunks(total: int, size: int, progress: bool, what: str) -> list[tuple[int, int]] | object:
     """``(start, length)`` of each chunk, wrapped in a tqdm bar counting rows when ``progress``."""
-    check_count(total, what, "n", minimum=0)
-    check_count(size, what, "batch_size")
+    check_count(what, "n", total, minimum=0)
+    check_count(what, "batch_size", size)
     if not isinstance(progress, bool):
         raise TypeError(f"{what}: expected progress to be True or False, got {progress!r}")
     chunks = [(k, min(size, total - k)) for k in range(0, total, size)]
@@ -141,7 +141,7 @@ def boltzmann_evaluation(
     """
     _check_flow(flow, dtype, "boltzmann_evaluation")
     features = math.prod(s or 1 for s in flow.event_shape)
-    check_count(n, "boltzmann_evaluation", "n", maximum=MAX_SAMPLE_ENTRIES // features)
+    check_count("boltzmann_evaluation", "n", n, maximum=MAX_SAMPLE_ENTRIES // features)
     old = flow._anchor.dtype
     flow.to(dtype)
     target = target.to(dtype)
