@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import operator
 from collections.abc import Sequence
+from typing import Any
 
 import torch
 from torch import Tensor
@@ -113,8 +114,12 @@ def check_real(x: Tensor, who: str, what: str = "input") -> None:
         raise TypeError(f"{who}: expected a real floating-point {what}, got dtype {x.dtype}")
 
 
-def check_like(x: Tensor, reference: Tensor | None, who: str, what: str = "input") -> None:
-    """Raise if ``x`` does not have the dtype and device of ``reference`` (a parameter or buffer)."""
+def check_like(x: Tensor, reference: Any, who: str, what: str = "input") -> None:
+    """Raise if ``x`` does not have the dtype and device of ``reference``.
+
+    ``reference`` is anything with ``dtype`` and ``device`` (a tensor, or a :class:`~flows.Flow`),
+    or ``None`` to check nothing.
+    """
     if reference is None:
         return
     if not x.is_floating_point():
@@ -416,7 +421,7 @@ def check_flow_inputs(flow: object, x: Tensor, context: Tensor | None, who: str 
     maximum likelihood refuses.
 
     Args:
-        flow: a :class:`~flows.Flow` (read through its ``transform``, ``_anchor``,
+        flow: a :class:`~flows.Flow` (read through its ``transform``, ``dtype``, ``device``,
             ``context_features`` and ``check_finite``).
         x: the data ``(*batch, *event_shape)``.
         context: the context, or ``None``.
@@ -424,7 +429,7 @@ def check_flow_inputs(flow: object, x: Tensor, context: Tensor | None, who: str 
     """
     name = who or type(flow).__name__
     transform = flow.transform  # type: ignore[attr-defined]
-    anchor = getattr(flow, "_anchor", None)
+    anchor = flow if hasattr(flow, "dtype") and hasattr(flow, "device") else None
     finite = bool(getattr(flow, "check_finite", True))
     check_event(x, transform.event_shape, name)
     check_like(x, anchor, name)
