@@ -345,5 +345,5 @@ def test_tempered_energy() -> None:
     torch.testing.assert_close(tempered.energy(x), target.energy(x))
     with pytest.raises(ValueError, match="positive finite temperature"):
         tempered.temperature = 0.0
-    with pytest.raises(TypeError, match="expected (target|start|end) to be an EnergyTarget or an object with event_shape"):
+    with pytest.raises(TypeError, match=r"expected target to be an EnergyTarget or an object"):
         TemperedEnergy(lambda x: x)
