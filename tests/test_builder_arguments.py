@@ -78,7 +78,10 @@ def test_transforms_must_be_a_positive_int(builder: str, transforms: object) -> 
             r"MAF: expected hidden to be positive int widths \(at least 1 hidden layer\), got \(\)",
         ),
         (lambda: FreeFormInjectiveFlow(3, latent_features=2, beta=-1.0), "expected beta to be a finite number >= 0"),
-        (lambda: FreeFormInjectiveFlow(3, latent_features=2, noise=float("nan")), "expected noise to be a finite"),
+        (
+            lambda: FreeFormInjectiveFlow(3, latent_features=2, noise_std=float("nan")),
+            "expected noise_std to be a finite",
+        ),
         (lambda: Glow((1, 4, 4), levels=1, steps=0), "Glow: expected steps to be an int >= 1, got 0"),
         (lambda: Glow((1, 4, 4), levels=0), "Glow: expected levels to be an int >= 1, got 0"),
         (lambda: Glow((1, 4, 4), levels=1, hidden=(4, 0)), r"Glow: expected hidden to be positive int widths"),
