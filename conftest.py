@@ -17,13 +17,3 @@ def _one_thread():
     torch.set_num_threads(1)
     yield
     torch.set_num_threads(1)
-
-
-def _moved_module_files() -> list[str]:
-    """The files left at the old paths of moved modules: aliases of the new modules (their doctests run there)."""
-    from flows._deprecation import MOVED_MODULES
-
-    return [name.replace(".", "/") + ".py" for name in MOVED_MODULES]
-
-
-collect_ignore = _moved_module_files()

@@ -34,22 +34,15 @@ def public_modules() -> list[str]:
     """Every public module that defines things (packages only re-export, so they are skipped).
 
     Modules or package parts whose name starts with an underscore are private; ``flows.cli`` is
-    documented as a command instead (``docs/guide/cli.md``); the old paths of moved modules
-    (``flows._deprecation.MOVED_MODULES``) are aliases of their new modules.
+    documented as a command instead (``docs/guide/cli.md``).
     """
-    import warnings
-
     import flows
-    from flows._deprecation import MOVED_MODULES
 
     names = []
-    with warnings.catch_warnings():
-        warnings.simplefilter("ignore", DeprecationWarning)
-        found = list(pkgutil.walk_packages(flows.__path__, prefix="flows."))
-    for info in found:
+    for info in pkgutil.walk_packages(flows.__path__, prefix="flows."):
         private = any(p.startswith("_") for p in info.name.split("."))
         command = info.name == "flows.cli" or info.name.startswith("flows.cli.")
-        if info.ispkg or private or command or info.name in MOVED_MODULES:
+        if info.ispkg or private or command:
             continue
         names.append(info.name)
     return sorted(names)

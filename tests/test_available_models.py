@@ -71,21 +71,14 @@ def test_a_registered_builder_is_listed_only_when_fit_can_call_it(monkeypatch) -
     assert model.log_prob(torch.randn(2, 3)).shape == (2,)
 
 
-def test_an_old_keyword_through_option_still_works_under_its_new_name(table: Path, tmp_path: Path, capsys) -> None:
-    """``--option time=`` (FFJORD's old name for ``t1``) warns on stderr and trains with ``t1``."""
-    import json
-
+def test_an_old_keyword_through_option_is_refused(table: Path, tmp_path: Path, capsys) -> None:
+    """``--option time=`` (FFJORD's old name for ``t1``) is an unknown option now, refused before training."""
     out = tmp_path / "ffjord"
     command = ["fit", "--data", str(table), "--model", "FFJORD", "--out", str(out), "--epochs", "1"]
-    tiny = ["--transforms", "1", "--hidden", "4", "--batch-size", "64", "--threads", "1", "--quiet", "--no-plots"]
-    assert main([*command, *tiny, "--option", "time=0.5"]) == 0
-    assert "--option time= is deprecated, use t1=" in capsys.readouterr().err
-    config = json.loads((out / "run.json").read_text())
-    assert "0.5" in json.dumps(config) and '"time"' not in json.dumps(config)
-    from flows import CNF
-
-    times = [layer.t1 for layer in load_model(out / "model.ckpt").modules() if isinstance(layer, CNF)]
-    assert times == [pytest.approx(0.5)]
+    assert main([*command, "--transforms", "1", "--hidden", "4", "--quiet", "--no-plots", "--option", "time=0.5"]) == 2
+    error = capsys.readouterr().err
+    assert "expected one of FFJORD's options" in error and "'t1'" in error and "got 'time'" in error
+    assert not (out / "run.json").exists()
 
 
 def test_fit_refuses_a_builder_it_cannot_build(table: Path, tmp_path: Path, capsys) -> None:

@@ -1,16 +1,12 @@
-"""One builder vocabulary: the shared argument checker's errors, and the deprecated spellings that still work."""
+"""One builder vocabulary: the shared argument checker's errors, and the old spellings refused."""
 
 from __future__ import annotations
-
-import json
-import warnings
 
 import pytest
 import torch
 from torch import nn
 
-from flows import CNF, FFJORD, IAF, MAF, NICE, NSF, FreeFormInjectiveFlow, Glow, RealNVP, evaluating
-from flows.model_file import save_model
+from flows import FFJORD, IAF, MAF, NICE, NSF, FreeFormInjectiveFlow, Glow, RealNVP, evaluating
 from flows.particles import EquivariantCNF
 
 VECTOR = {
@@ -105,75 +101,24 @@ def test_empty_hidden_is_a_linear_conditioner_where_the_network_allows_it() -> N
     assert NSF(3, transforms=2, hidden=(), coupling=True).log_prob(x).shape == (5,)
 
 
-# -- deprecated spellings: they warn and give the same model ----------------------------------------
+# -- the old spellings are gone: nothing was released, so they are refused, not translated -----------
 
 
-def _same_log_prob(old, new, x: torch.Tensor, context: torch.Tensor | None = None) -> None:
-    with evaluating(old), evaluating(new):
-        torch.testing.assert_close(old.log_prob(x, context), new.log_prob(x, context), rtol=0, atol=0)
+def test_the_old_spellings_are_refused() -> None:
+    with pytest.raises(TypeError, match="time"):  # FFJORD's integration length is t1=, as CNF's
+        FFJORD(2, hidden=(8,), time=0.5)
+    with pytest.raises(TypeError, match=r"Glow: expected hidden to be a sequence of layer widths .*got 4"):
+        Glow((1, 4, 4), levels=1, steps=1, hidden=4)
+    with pytest.raises(TypeError, match=r"EquivariantCNF: expected hidden to be a sequence .*got 8"):
+        EquivariantCNF(3, 2, hidden=8)
+    with pytest.raises(TypeError, match="layers"):  # one width per layer: hidden=(8, 8)
+        EquivariantCNF(3, 2, hidden=(8, 8), layers=2)
 
 
-def _built(seed: int, build):
-    torch.manual_seed(seed)
-    return build()
-
-
-def test_ffjord_time_is_t1() -> None:
-    x = torch.randn(4, 2)
-    new = _built(0, lambda: FFJORD(2, hidden=(8,), t1=0.5, trace="exact"))
-    with pytest.warns(DeprecationWarning, match=r"FFJORD: time= is deprecated, use t1="):
-        old = _built(0, lambda: FFJORD(2, hidden=(8,), time=0.5, trace="exact"))
-    assert old.transform[0].t1 == new.transform[0].t1 == 0.5
-    _same_log_prob(old, new, x)
-    assert isinstance(new.transform[0], CNF)
-    with pytest.raises(TypeError, match=r"FFJORD: got both time= \(the old name\) and t1="):
-        FFJORD(2, time=0.5, t1=0.5)
-
-
-def test_a_model_built_with_an_old_name_is_saved_with_the_new_one(tmp_path) -> None:
-    with pytest.warns(DeprecationWarning):
-        model = FFJORD(2, hidden=(8,), time=0.5)
-    save_model(model, tmp_path / "ffjord")
-    arguments = json.loads((tmp_path / "ffjord.json").read_text())["arguments"]
-    assert arguments["t1"] == 0.5 and "time" not in arguments
-    with pytest.warns(DeprecationWarning, match=r"Glow: hidden=4 \(one width\) is deprecated"):
-        glow = Glow((1, 4, 4), levels=1, steps=1, hidden=4)
-    save_model(glow, tmp_path / "glow")
-    assert json.loads((tmp_path / "glow.json").read_text())["arguments"]["hidden"] == [4, 4]
-
-
-def test_glow_int_hidden_is_two_equal_layers() -> None:
-    x = torch.rand(3, 1, 4, 4)
-    new = _built(1, lambda: Glow((1, 4, 4), levels=1, steps=1, hidden=(6, 6)))
-    with pytest.warns(DeprecationWarning, match=r"pass the widths hidden=\(6, 6\)"):
-        old = _built(1, lambda: Glow((1, 4, 4), levels=1, steps=1, hidden=6))
-    assert old.hidden == new.hidden == (6, 6)
-    _same_log_prob(old, new, x)
-    deeper = Glow((1, 4, 4), levels=1, steps=1, hidden=(6, 5, 6))  # a sequence sets the depth too
-    assert deeper.log_prob(x).shape == (3,)
-
-
-def test_equivariant_cnf_width_and_layers_are_one_width_per_layer() -> None:
-    x = torch.randn(2, 6)
-    x = x - x.unflatten(-1, (3, 2)).mean(-2).repeat(1, 3)
-    options = {"rtol": 1e-4, "atol": 1e-4}
-    new = _built(2, lambda: EquivariantCNF(3, 2, hidden=(8, 8), **options))
-    with pytest.warns(DeprecationWarning, match=r"layers= is deprecated, pass one width per layer: hidden=\(8, 8\)"):
-        old = _built(2, lambda: EquivariantCNF(3, 2, hidden=8, layers=2, **options))
-    _same_log_prob(old, new, x)
-    with pytest.warns(DeprecationWarning, match=r"hidden=8 \(one width\) is deprecated.*hidden=\(8, 8, 8\)"):
-        three = EquivariantCNF(3, 2, hidden=8)
-    assert len(three.transform.field.edge) == 3
-    with pytest.warns(DeprecationWarning), pytest.raises(ValueError, match="expected 2 hidden widths for layers=2"):
-        EquivariantCNF(3, 2, hidden=(8, 8, 8), layers=2)
-
-
-def test_new_spellings_do_not_warn() -> None:
-    with warnings.catch_warnings():
-        warnings.simplefilter("error", DeprecationWarning)
-        FFJORD(2, hidden=(4,), t1=2.0)
-        Glow((1, 4, 4), levels=1, steps=1, hidden=(4, 4))
-        EquivariantCNF(3, 2, hidden=(4,))
+def test_the_new_spellings_build() -> None:
+    assert FFJORD(2, hidden=(4,), t1=2.0).transform[0].t1 == 2.0
+    assert Glow((1, 4, 4), levels=1, steps=1, hidden=(6, 5, 6)).hidden == (6, 5, 6)  # a sequence sets the depth
+    assert len(EquivariantCNF(3, 2, hidden=(4, 4)).transform.field.edge) == 2
 
 
 def test_iaf_takes_maf_options() -> None:

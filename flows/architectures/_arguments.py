@@ -6,9 +6,7 @@ Every builder takes the same names for the same things (see ``docs/guide/concept
 * ``context``: the context width, 0 for an unconditional flow;
 * ``transforms``: the number of layers (Glow counts ``levels`` and ``steps`` per level instead);
 * ``hidden``: the hidden widths of each conditioner network, a sequence of ints, one per hidden
-  layer (a bare int is refused, except by the two builders that took one width before, Glow and
-  :class:`~flows.particles.EquivariantCNF`, where it still works for one release with a
-  ``DeprecationWarning``);
+  layer (a bare int is refused);
 * ``activation``: a zero-argument callable returning the nonlinearity module (``nn.ReLU``, not ``nn.ReLU()``);
 * ``standardize``: data or a fitted :class:`~flows.bijections.Standardize` layer (checked by
   :class:`~flows.flow.Flow`, which builds the layer).
@@ -25,8 +23,6 @@ from collections.abc import Callable, Sequence
 from typing import Any
 
 from torch import nn
-
-from flows._deprecation import warn_deprecated
 
 __all__ = [
     "check_activation",
@@ -72,18 +68,16 @@ def check_context(who: str, context: Any) -> int:
     return check_count(who, "context", context, minimum=0)
 
 
-def check_hidden(who: str, hidden: Any, *, minimum_layers: int = 0, int_layers: int | None = None) -> tuple[int, ...]:
+def check_hidden(who: str, hidden: Any, *, minimum_layers: int = 0) -> tuple[int, ...]:
     """Hidden widths: a sequence of positive ints, at least ``minimum_layers`` of them, as a tuple.
 
     Args:
         who: the builder, named in messages.
         hidden: the value to check.
         minimum_layers: fewest hidden layers the builder's conditioner can take.
-        int_layers: for the builders that took one width before (Glow, EquivariantCNF): an int
-            ``h`` is still accepted, with a ``DeprecationWarning``, as ``(h,) * int_layers``.
 
     Raises:
-        TypeError: for an int (elsewhere), a string or any other non-sequence.
+        TypeError: for an int, a string or any other non-sequence.
         ValueError: for a width that is not a positive int, or too few layers.
 
     Example:
@@ -94,10 +88,6 @@ def check_hidden(who: str, hidden: Any, *, minimum_layers: int = 0, int_layers: 
         ...
         TypeError: RealNVP: expected hidden to be a sequence of layer widths such as (64, 64), got 64
     """
-    if _is_int(hidden) and int_layers is not None:
-        widths = (int(hidden),) * int_layers
-        warn_deprecated(f"{who}: hidden={hidden} (one width) is deprecated, pass the widths hidden={widths}", 4)
-        hidden = widths
     if isinstance(hidden, (str, bytes)) or not isinstance(hidden, Sequence):
         raise TypeError(f"{who}: expected hidden to be a sequence of layer widths such as (64, 64), got {hidden!r}")
     if not all(_is_int(h) and h >= 1 for h in hidden) or len(hidden) < minimum_layers:

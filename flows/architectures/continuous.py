@@ -6,7 +6,6 @@ from collections.abc import Callable, Sequence
 
 from torch import Tensor, nn
 
-from flows._deprecation import renamed_keywords
 from flows.architectures._arguments import check_builder
 from flows.bijections.base import Chain
 from flows.bijections.continuous import CNF, MAX_EVALUATIONS, total_nfe
@@ -48,7 +47,7 @@ class FFJORD(Flow):
         probe: the law of the Hutchinson probe vectors, ``"rademacher"`` or ``"gaussian"``.
         seed: seed of the Hutchinson probes of every solve (``None``: the global generator).
         t1: integration length ``T`` of each block (it integrates over ``[0, t1]``; the name is
-            :class:`~flows.CNF`'s; ``time=`` is its deprecated old name).
+            :class:`~flows.CNF`'s).
         method: torchdiffeq solver.
         rtol: relative tolerance.
         atol: absolute tolerance.
@@ -66,7 +65,6 @@ class FFJORD(Flow):
         (torch.Size([4]), True)
     """
 
-    @renamed_keywords(time="t1")
     def __init__(
         self,
         features: int,

@@ -23,7 +23,6 @@ from collections.abc import Callable, Sequence
 import torch
 from torch import Tensor, nn
 
-from flows._deprecation import record_argument
 from flows._validation import as_sample_shape, check_number
 from flows.architectures._arguments import check_activation, check_choice, check_context, check_count, check_hidden
 from flows.bijections.base import Bijection, Chain
@@ -84,8 +83,7 @@ class Glow(Flow):
         levels: number of scales ``L``.
         steps: flow steps ``K`` per level.
         hidden: channels of the hidden layers of each coupling network, one entry per hidden layer
-            (the default ``(128, 128)`` is Glow's 3×3 → 1×1 → 3×3 network; a single int ``h``, the
-            old form, is deprecated and means ``(h, h)``).
+            (the default ``(128, 128)`` is Glow's 3×3 → 1×1 → 3×3 network).
         mixer: ``"1x1"``, ``"lu"`` or ``"circulant"``.
         split: ``"static"`` (Glow: keep the first half) or ``"eiw"`` (EIW shuffle before each split).
         coupling: ``"affine"`` (Glow) or ``"additive"`` (NICE-style, volume preserving).
@@ -158,9 +156,6 @@ class Glow(Flow):
             raise ValueError(f"Glow: expected an image shape (C, H, W) of positive ints, got {shape}")
         check_context("Glow", context)
         levels, steps = check_count("Glow", "levels", levels), check_count("Glow", "steps", steps)
-        if not isinstance(hidden, Sequence):  # the deprecated single width: the model file records the widths
-            hidden = check_hidden("Glow", hidden, int_layers=2)
-            record_argument(self, "hidden", list(hidden))
         hidden = check_hidden("Glow", hidden)
         check_activation("Glow", activation)
         _, height, width = shape

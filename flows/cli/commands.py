@@ -22,10 +22,3 @@ def command(name: str) -> Callable[[argparse.Namespace], int]:
     """The function behind ``flows <name>`` (it takes the parsed arguments and returns the exit status)."""
     module, function = COMMANDS[name].split(":")
     return getattr(importlib.import_module(f"flows.cli.{module}"), function)
-
-
-def __getattr__(name: str) -> Callable[[argparse.Namespace], int]:
-    """``commands.fit`` and the like, as the old ``flows._cli_commands`` module offered them."""
-    if name in COMMANDS:
-        return command(name)
-    raise AttributeError(f"module {__name__!r} has no attribute {name!r}")

@@ -47,12 +47,7 @@ def _check_options(builder_name: str, options: list[tuple[str, object]], objecti
             f"--model {builder_name}: expected a builder that flows fit can build and train (see flows models), "
             f"got one with options {names}; build {builder_name} from Python"
         )
-    renamed = getattr(builder.__init__ if isinstance(builder, type) else builder, "renamed_keywords", {})
-    for i, (key, value) in enumerate(options):
-        if key in renamed:  # an old keyword: still accepted for one release, under its new name
-            print(f"flows fit: warning: --option {key}= is deprecated, use {renamed[key]}=", file=sys.stderr)
-            key = renamed[key]
-            options[i] = (key, value)
+    for key, value in options:
         users = [name for name, keys in OBJECTIVE_OPTIONS.items() if key in keys]
         if users and objective not in users:
             raise ValueError(

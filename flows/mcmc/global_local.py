@@ -11,7 +11,6 @@ from __future__ import annotations
 import torch
 from torch import Tensor
 
-from flows._deprecation import deprecated_alias, renamed_keywords
 from flows.mcmc.base import Kernel, State, StepInfo
 from flows.mcmc.independent import _FlowProposal
 
@@ -45,7 +44,7 @@ class GlobalLocal(Kernel):
         global_kernel: an :class:`~flows.mcmc.IMH` or :class:`~flows.mcmc.ISIR` kernel (its flow is
             the one trained).
         local_kernel: any kernel on the same target (MALA, HMC, RandomWalk, NeuTra).
-        local_steps: local moves per step (``n_local=`` is its deprecated old name).
+        local_steps: local moves per step.
         train: fit the flow to the chains during warm-up.
         lr: Adam learning rate (ignored when ``optimizer`` is given).
         train_steps: optimiser steps per warm-up step.
@@ -66,7 +65,6 @@ class GlobalLocal(Kernel):
         (20, ['local_accept_prob'])
     """
 
-    @renamed_keywords(n_local="local_steps")
     def __init__(
         self,
         global_kernel: _FlowProposal,
@@ -101,8 +99,6 @@ class GlobalLocal(Kernel):
         self.optimizer = optimizer
         self.losses: list[float] = []
         self._memory: list[Tensor] = []
-
-    n_local = deprecated_alias("n_local", "local_steps")
 
     @property
     def flow(self) -> torch.nn.Module:

@@ -7,7 +7,6 @@ import math
 import torch
 from torch import Tensor
 
-from flows._deprecation import deprecated_alias, renamed_keywords
 from flows.mcmc.adaptation import DualAveraging
 from flows.mcmc.base import Kernel, State, StepInfo, _keep_rejected, metropolis_accept
 from flows.targets.base import EnergyTarget
@@ -202,7 +201,7 @@ class HMC(_GradientKernel):
         target: the energy target (differentiable).
         step_size: leapfrog step :math:`\varepsilon` (default 0.1).
         leapfrog_steps: leapfrog steps per move (the name of
-            :class:`~flows.bijections.stochastic.HMCBlock`'s; ``n_leapfrog=`` is its deprecated old name).
+            :class:`~flows.bijections.stochastic.HMCBlock`'s).
         adapt_step_size, target_accept: tune :math:`\varepsilon` by dual averaging during warm-up,
             towards this acceptance (default 0.65).
 
@@ -218,7 +217,6 @@ class HMC(_GradientKernel):
     default_step_size = 0.1
     default_target_accept = 0.65
 
-    @renamed_keywords(n_leapfrog="leapfrog_steps")
     def __init__(
         self,
         target: EnergyTarget,
@@ -232,8 +230,6 @@ class HMC(_GradientKernel):
         if not isinstance(leapfrog_steps, int) or isinstance(leapfrog_steps, bool) or leapfrog_steps < 1:
             raise ValueError(f"HMC: expected leapfrog_steps to be a positive int, got {leapfrog_steps!r}")
         self.leapfrog_steps = leapfrog_steps
-
-    n_leapfrog = deprecated_alias("n_leapfrog", "leapfrog_steps")
 
     def step(self, state: State, *, adapt: bool = False) -> tuple[State, StepInfo]:
         state = self._with_grad(state)

@@ -5,8 +5,7 @@ from __future__ import annotations
 from collections.abc import Sequence
 from typing import Any
 
-from flows._deprecation import warn_deprecated
-from flows.architectures._arguments import check_count, check_hidden
+from flows.architectures._arguments import check_hidden
 from flows.bijections.continuous import CNF
 from flows.flow import Flow
 from flows.nn.egnn import EGNN
@@ -48,8 +47,7 @@ class EquivariantCNF(Flow):
         n_particles: number of particles ``n``.
         spatial_dim: spatial dimension ``d``.
         hidden: widths of the EGNN's message-passing layers, one entry per layer, all equal (an
-            EGNN keeps one width); the old form ``hidden=h, layers=n`` (one width and a count) is
-            deprecated and means ``hidden=(h,) * n``.
+            EGNN keeps one width).
         method: ODE solver of the CNF.
         rtol, atol: its tolerances (the reference code of Klein et al. evaluates with dopri5 at 1e-4).
         **options: further :class:`~flows.CNF` keywords (``t0``, ``t1``, ``adjoint``, ``trace``, ...).
@@ -73,15 +71,7 @@ class EquivariantCNF(Flow):
         atol: float = 1e-5,
         **options: Any,
     ) -> None:
-        layers = options.pop("layers", None)
-        if layers is not None:  # the deprecated form: one width and a count
-            check_count("EquivariantCNF", "layers", layers)
-            if hidden is _HIDDEN or isinstance(hidden, int):
-                hidden = (32 if hidden is _HIDDEN else hidden,) * layers
-            warn_deprecated(f"EquivariantCNF: layers= is deprecated, pass one width per layer: hidden={hidden}")
-        hidden = check_hidden("EquivariantCNF", hidden, minimum_layers=1, int_layers=3)
-        if layers is not None and len(hidden) != layers:
-            raise ValueError(f"EquivariantCNF: expected {layers} hidden widths for layers={layers}, got {hidden}")
+        hidden = check_hidden("EquivariantCNF", hidden, minimum_layers=1)
         if len(set(hidden)) != 1:
             raise ValueError(f"EquivariantCNF: expected equal hidden widths (an EGNN keeps one width), got {hidden}")
         field = EGNN(n_particles, spatial_dim, hidden=hidden[0], layers=len(hidden))

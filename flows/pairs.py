@@ -1,5 +1,0 @@
-"""Deprecated import path: this module moved to :mod:`flows.train.pairs` (``docs/architecture.md``)."""
-
-from flows._deprecation import moved_module
-
-moved_module(__name__)
