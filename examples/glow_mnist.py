@@ -175,7 +175,7 @@ def main(argv: list[str] | None = None) -> dict:
     dims = math.prod(shape)
     model = flows.Glow(
         shape,
-        levels=args.levels,
+        scales=args.levels,
         steps=args.steps,
         hidden=(args.hidden, args.hidden),
         split=args.split,

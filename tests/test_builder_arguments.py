@@ -78,11 +78,11 @@ def test_transforms_must_be_a_positive_int(builder: str, transforms: object) -> 
             lambda: FreeFormInjectiveFlow(3, latent_features=2, noise_std=float("nan")),
             "expected noise_std to be a finite",
         ),
-        (lambda: Glow((1, 4, 4), levels=1, steps=0), "Glow: expected steps to be an int >= 1, got 0"),
-        (lambda: Glow((1, 4, 4), levels=0), "Glow: expected levels to be an int >= 1, got 0"),
-        (lambda: Glow((1, 4, 4), levels=1, hidden=(4, 0)), r"Glow: expected hidden to be positive int widths"),
-        (lambda: Glow((1, 4, 4), levels=1, context=-2), "Glow: expected context to be an int >= 0, got -2"),
-        (lambda: Glow((1, 4, 4), levels=1, activation=nn.ReLU()), "Glow: expected activation to be a module class"),
+        (lambda: Glow((1, 4, 4), scales=1, steps=0), "Glow: expected steps to be an int >= 1, got 0"),
+        (lambda: Glow((1, 4, 4), scales=0), "Glow: expected scales to be an int >= 1, got 0"),
+        (lambda: Glow((1, 4, 4), scales=1, hidden=(4, 0)), r"Glow: expected hidden to be positive int widths"),
+        (lambda: Glow((1, 4, 4), scales=1, context=-2), "Glow: expected context to be an int >= 0, got -2"),
+        (lambda: Glow((1, 4, 4), scales=1, activation=nn.ReLU()), "Glow: expected activation to be a module class"),
         (lambda: EquivariantCNF(3, 2, hidden=(8, 4)), r"EquivariantCNF: expected equal hidden widths .*got \(8, 4\)"),
         (
             lambda: EquivariantCNF(3, 2, hidden=()),
@@ -108,7 +108,7 @@ def test_the_old_spellings_are_refused() -> None:
     with pytest.raises(TypeError, match="time"):  # FFJORD's integration length is t1=, as CNF's
         FFJORD(2, hidden=(8,), time=0.5)
     with pytest.raises(TypeError, match=r"Glow: expected hidden to be a sequence of layer widths .*got 4"):
-        Glow((1, 4, 4), levels=1, steps=1, hidden=4)
+        Glow((1, 4, 4), scales=1, steps=1, hidden=4)
     with pytest.raises(TypeError, match=r"EquivariantCNF: expected hidden to be a sequence .*got 8"):
         EquivariantCNF(3, 2, hidden=8)
     with pytest.raises(TypeError, match="layers"):  # one width per layer: hidden=(8, 8)
@@ -117,7 +117,7 @@ def test_the_old_spellings_are_refused() -> None:
 
 def test_the_new_spellings_build() -> None:
     assert FFJORD(2, hidden=(4,), t1=2.0).transform[0].t1 == 2.0
-    assert Glow((1, 4, 4), levels=1, steps=1, hidden=(6, 5, 6)).hidden == (6, 5, 6)  # a sequence sets the depth
+    assert Glow((1, 4, 4), scales=1, steps=1, hidden=(6, 5, 6)).hidden == (6, 5, 6)  # a sequence sets the depth
     assert len(EquivariantCNF(3, 2, hidden=(4, 4)).transform.field.edge) == 2
 
 

@@ -281,7 +281,7 @@ def _registry_attacks() -> list[Attack]:
 
 _SMALL = {"transforms": 1, "hidden": (8,)}
 _BUILDER_ARGS: dict[str, tuple[tuple, dict]] = {
-    "Glow": (((1, 4, 4),), {"levels": 1, "steps": 1, "hidden": (4, 4)}),
+    "Glow": (((1, 4, 4),), {"scales": 1, "steps": 1, "hidden": (4, 4)}),
     "FFJORD": ((3,), {"hidden": (8,), "rtol": 1e-3, "atol": 1e-3, "trace": "exact"}),
     "FreeFormInjectiveFlow": ((3,), {"latent_features": 2, "hidden": (8,)}),
 }
