@@ -6,7 +6,7 @@ from collections.abc import Callable, Sequence
 
 from torch import Tensor, nn
 
-from flows.architectures._arguments import check_builder
+from flows._validation import check_builder
 from flows.bijections.base import Chain
 from flows.bijections.continuous import CNF, MAX_EVALUATIONS, total_nfe
 from flows.bijections.standardize import Standardize

@@ -23,8 +23,7 @@ from collections.abc import Callable, Sequence
 import torch
 from torch import Tensor, nn
 
-from flows._validation import as_sample_shape, check_number
-from flows.architectures._arguments import check_activation, check_choice, check_context, check_count, check_hidden
+from flows._validation import as_sample_shape, check_activation, check_choice, check_count, check_hidden, check_number
 from flows.bijections.base import Bijection, Chain
 from flows.bijections.circulant import CirculantDiagonal2d
 from flows.bijections.conv import Invertible1x1Conv
@@ -154,7 +153,7 @@ class Glow(Flow):
         shape = tuple(shape)
         if len(shape) != 3 or not all(isinstance(s, int) and s > 0 for s in shape):
             raise ValueError(f"Glow: expected an image shape (C, H, W) of positive ints, got {shape}")
-        check_context("Glow", context)
+        check_count("Glow", "context", context, minimum=0)
         scales, steps = check_count("Glow", "scales", scales), check_count("Glow", "steps", steps)
         hidden = check_hidden("Glow", hidden)
         check_activation("Glow", activation)

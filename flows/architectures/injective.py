@@ -13,8 +13,7 @@ from collections.abc import Callable, Sequence
 import torch
 from torch import Tensor, nn
 
-from flows._validation import check_event, check_finite, check_like
-from flows.architectures._arguments import check_builder, check_nonnegative
+from flows._validation import check_builder, check_event, check_finite, check_like, check_nonnegative
 from flows.bijections.base import Chain
 from flows.bijections.injective import FreeFormInjective
 from flows.bijections.standardize import Standardize

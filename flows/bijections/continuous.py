@@ -8,7 +8,7 @@ from collections.abc import Callable, Sequence
 import torch
 from torch import Tensor, nn
 
-from flows._validation import check_context, check_event, check_integer, check_number, format_shape
+from flows._validation import check_context, check_count, check_event, check_number, format_shape
 from flows.bijections._cnf_dynamics import (
     ADAPTIVE_ORDER,
     MAX_EVALUATIONS,
@@ -178,7 +178,7 @@ class CNF(Bijection):
         if not (isinstance(method, str) and method in SOLVERS):
             raise ValueError(f"CNF: expected method in {SOLVERS}, got {method!r}")
         if seed is not None:
-            seed = check_integer("CNF", "seed", seed)
+            seed = check_count("CNF", "seed", seed, minimum=None)
         rtol = check_number("CNF", "rtol", rtol, minimum=0, strict=True, maximum=1)
         atol = check_number("CNF", "atol", atol, minimum=0, strict=True)
         t0, t1 = check_number("CNF", "t0", t0), check_number("CNF", "t1", t1)
@@ -192,7 +192,7 @@ class CNF(Bijection):
             if value is not None and not isinstance(value, dict):
                 raise TypeError(f"CNF: expected {name} to be a dict or None, got {type(value).__name__} {value!r}")
         options = solver_options(method, options, t0, t1)
-        max_evaluations = check_integer("CNF", "max_evaluations", max_evaluations, minimum=1)
+        max_evaluations = check_count("CNF", "max_evaluations", max_evaluations)
         if field is None:
             if len(self.event_shape) != 1:
                 raise ValueError(

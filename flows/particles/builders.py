@@ -5,7 +5,7 @@ from __future__ import annotations
 from collections.abc import Sequence
 from typing import Any
 
-from flows.architectures._arguments import check_hidden
+from flows._validation import check_hidden
 from flows.bijections.continuous import CNF
 from flows.flow import Flow
 from flows.nn.egnn import EGNN

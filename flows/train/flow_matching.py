@@ -56,8 +56,8 @@ from torch import Tensor, nn
 
 from flows._validation import (
     check_context,
+    check_count,
     check_flow_inputs,
-    check_integer,
     check_number,
     check_objective_batch,
 )
@@ -280,7 +280,7 @@ class FlowMatching(Objective):
         sigma = check_number("FlowMatching", "sigma", sigma, minimum=0, maximum=MAX_SIGMA)
         if not isinstance(eval_nll, bool):
             raise TypeError(f"FlowMatching: expected eval_nll to be a bool, got {eval_nll!r}")
-        eval_seed = check_integer("FlowMatching", "eval_seed", eval_seed)
+        eval_seed = check_count("FlowMatching", "eval_seed", eval_seed, minimum=None)
         if isinstance(coupling, str):
             if coupling not in COUPLINGS:
                 raise ValueError(f"FlowMatching: expected coupling in {COUPLINGS} or a callable, got {coupling!r}")
