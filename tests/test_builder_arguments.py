@@ -53,7 +53,9 @@ def test_the_shared_checker_names_what_was_expected_and_what_came(
 
 
 @pytest.mark.parametrize("builder", WITH_TRANSFORMS)
-@pytest.mark.parametrize(("transforms", "error"), [(0, ValueError), (-1, ValueError), (1.5, TypeError), (True, TypeError)])
+@pytest.mark.parametrize(
+    ("transforms", "error"), [(0, ValueError), (-1, ValueError), (1.5, TypeError), (True, TypeError)]
+)
 def test_transforms_must_be_a_positive_int(builder: str, transforms: object, error: type) -> None:
     with pytest.raises(error, match=rf"^{_name(builder)}: expected transforms to be an int >= 1, got {transforms}"):
         VECTOR[builder](transforms=transforms)
