@@ -230,7 +230,7 @@ def _fit(args: argparse.Namespace) -> int:
             sigma=args.sigma,
             coupling=args.coupling,
             time_power=args.time_power,
-            target=args.target,
+            velocity=args.target,
             reference=data.train if stable else None,
             reference_size=args.reference_size if stable else None,
         )
