@@ -194,7 +194,7 @@ class ProtocolTarget(EnergyTarget):
         return f"{type(self.wrapped).__name__}, event_shape={tuple(self.event_shape)}"
 
 
-def as_target(target: object, who: str, name: str = "target") -> EnergyTarget:
+def as_target(target: EnergyTarget | Energy, who: str, name: str = "target") -> EnergyTarget:
     """``target`` as an :class:`EnergyTarget`: itself, or a :class:`ProtocolTarget` around an ``Energy``.
 
     Samplers, objectives and the stochastic blocks all accept the same things through this one
