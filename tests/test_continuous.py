@@ -396,7 +396,7 @@ def test_bad_inputs() -> None:
         _cnf(2).forward_and_log_det(_x(4, 2), _x(4, 3))
     with pytest.raises(ValueError, match=r"the default field needs vector events, got event shape \(2, 2\)"):
         CNF((2, 2))
-    with pytest.raises(ValueError, match=r"TimeMLP: expected features to be a positive int, got 0"):
+    with pytest.raises(ValueError, match=r"TimeMLP: expected features to be an int >= 1, got 0"):
         TimeMLP(0)
 
 

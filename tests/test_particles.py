@@ -414,7 +414,7 @@ def test_particle_nll_and_boltzmann_evaluation() -> None:
     # no autograd graph is kept through the solves (a graph over every step exhausts memory on real sizes)
     assert not nll.requires_grad
     torch.testing.assert_close(particle_nll(flow, x, batch_size=4, progress=True), nll)
-    with pytest.raises(ValueError, match="expected batch_size >= 1"):
+    with pytest.raises(ValueError, match="expected batch_size to be an int >= 1"):
         particle_nll(flow, x, batch_size=0)
     with torch.no_grad():
         torch.testing.assert_close(nll.float(), -flow.log_prob(x), atol=1e-3, rtol=0)
@@ -511,7 +511,7 @@ def test_particle_functions_share_one_input_check() -> None:
         kabsch(torch.zeros(0, 2), torch.zeros(0, 2))
     with pytest.raises(TypeError, match=r"expected x to be a torch\.Tensor"):
         align(x.tolist(), z, 4, 2)
-    with pytest.raises(ValueError, match=r"expected exact_up_to in \[0, 8\]"):
+    with pytest.raises(ValueError, match=r"expected exact_up_to to be an int in \[0, 8\]"):
         align(x, z, 4, 2, exact_up_to=12)
     with pytest.raises(TypeError, match="expected a floating-point dtype"):
         subspace_basis(3, 2, dtype=torch.int64)

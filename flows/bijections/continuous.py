@@ -168,8 +168,7 @@ class CNF(Bijection):
         max_evaluations: int = MAX_EVALUATIONS,
     ) -> None:
         super().__init__(features)
-        if isinstance(context, bool) or not isinstance(context, int) or context < 0:
-            raise ValueError(f"CNF: expected context to be an int >= 0, got {context!r}")
+        check_count("CNF", "context", context, minimum=0)
         for name, value in (("trace", trace), ("eval_trace", eval_trace)):
             if value is not None and not (isinstance(value, str) and value in TRACES):
                 raise ValueError(f"CNF: expected {name} in {TRACES}, got {value!r}")

@@ -8,6 +8,7 @@ import math
 import torch
 from torch import Tensor, nn
 
+from flows._validation import check_count
 from flows.nn._egnn_tangents import exact_divergence, linear_jvp, silu_jvp
 from flows.nn._particles import _check_sizes, remove_mean
 
@@ -100,8 +101,7 @@ class EGNN(nn.Module):
         super().__init__()
         _check_sizes(n_particles, spatial_dim, "EGNN")
         for name, value in (("width", width), ("layers", layers)):
-            if not isinstance(value, int) or isinstance(value, bool) or value < 1:
-                raise ValueError(f"EGNN: expected {name} to be a positive int, got {value!r}")
+            check_count("EGNN", name, value)
         self.n_particles, self.spatial_dim, self.width, self.layers = n_particles, spatial_dim, width, layers
         n = n_particles
         rows = torch.arange(n).repeat_interleave(n - 1)  # pairs grouped by i: (0,1), (0,2), ..., (1,0), ...
