@@ -38,6 +38,7 @@ from flows.metrics import bits_per_dim
 __all__ = [
     "Contender",
     "interleaved_medians",
+    "interleaved_times",
     "load_example",
     "markdown_table",
     "parser",
@@ -203,38 +204,46 @@ def test_bits_per_dim(
 # ---------------------------------------------------------------------------------------------- timing
 
 
-def interleaved_medians(
+def interleaved_times(
     steps: Mapping[str, Callable[[], object]], *, rounds: int, inner: int = 1, warmup: int = 1
-) -> dict[str, float]:
-    """Median seconds per call of each step, from interleaved rounds.
+) -> dict[str, list[tuple[float, float]]]:
+    """Wall-clock and CPU (process) seconds per call of each step, one pair per interleaved round.
 
     Every round calls each step ``inner`` times in turn, the order rotated by one each round, so a
     burst of load from other jobs hits every step alike and no step always runs first (warm caches).
 
     Args:
         steps: name -> a callable doing one unit of work.
-        rounds: timing rounds (the medians are over these).
+        rounds: timing rounds.
         inner: calls per step and round (for steps shorter than the clock's resolution).
         warmup: untimed calls of each step first (allocations, lazy initialisation, compilation).
 
     Returns:
-        name -> median seconds per call.
+        name -> ``[(wall, cpu), ...]``, seconds per call, one pair per round.
     """
-    if rounds < 1 or inner < 1:
-        raise ValueError(f"expected rounds >= 1 and inner >= 1, got {rounds} and {inner}")
+    if rounds < 1 or inner < 1 or warmup < 0:
+        raise ValueError(f"expected rounds >= 1, inner >= 1 and warmup >= 0, got {rounds}, {inner} and {warmup}")
     names = list(steps)
     for _ in range(warmup):
         for name in names:
             steps[name]()
-    times: dict[str, list[float]] = {name: [] for name in names}
+    times: dict[str, list[tuple[float, float]]] = {name: [] for name in names}
     for r in range(rounds):
         for name in names[r % len(names) :] + names[: r % len(names)]:
             fn = steps[name]
-            start = time.perf_counter()
+            wall, cpu = time.perf_counter(), time.process_time()
             for _ in range(inner):
                 fn()
-            times[name].append((time.perf_counter() - start) / inner)
-    return {name: statistics.median(values) for name, values in times.items()}
+            times[name].append(((time.perf_counter() - wall) / inner, (time.process_time() - cpu) / inner))
+    return times
+
+
+def interleaved_medians(
+    steps: Mapping[str, Callable[[], object]], *, rounds: int, inner: int = 1, warmup: int = 1
+) -> dict[str, float]:
+    """Median wall-clock seconds per call of each step over :func:`interleaved_times`' rounds."""
+    times = interleaved_times(steps, rounds=rounds, inner=inner, warmup=warmup)
+    return {name: statistics.median(wall for wall, _ in pairs) for name, pairs in times.items()}
 
 
 # --------------------------------------------------------------------------------------------- results

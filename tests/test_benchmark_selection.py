@@ -21,9 +21,9 @@ def test_digits_selection_never_looks_at_the_test_split(capsys) -> None:
     _, test = namespace["load_digits"](test_size=0.2, seed=0)
     scored: list[torch.Tensor] = []
 
-    def spy(model, data, draws, seed):
+    def spy(model, data, **options):
         scored.append(data)
-        return evaluate(model, data, draws, seed)
+        return evaluate(model, data, **options)
 
     main.__globals__["test_bits_per_dim"] = spy  # the function main and select_best call
     sizes = ["--hidden", "4", "--best-hidden", "6"]
