@@ -2,12 +2,13 @@
 
 The flow is a mixed-domain NCSF on the 60 internal coordinates of ALDP (torsions on the circle,
 angles in (0, π), bonds positive, the CB improper restricted to the L enantiomer), trained by
-maximum likelihood (in :class:`flows.train.Trainer`) on the 1000 K (or 300 K) MD frames of the
-data directory, then evaluated against the OpenMM energy by importance sampling. Printed: the
-test NLL (nats per configuration, Cartesian positions in nm modulo rigid motions, i.e. the exact internal-coordinate log-det with
-the frame factor and without the 8π²V of the rigid motions), Kish ESS with its N (no clipping),
-KL of the φ marginal (200 bins on [-π, π], ε = 1e-10, as FAB) raw and reweighted, and the fraction
-of samples in state B = {0 < φ < 2.2}. With ``--out`` a Ramachandran plot is written.
+maximum likelihood (in :class:`flows.train.Trainer`) on the 1000 K (or 300 K) MD frames of the data
+directory, then evaluated against the OpenMM energy by importance sampling. Printed: the test NLL
+(nats per configuration, Cartesian positions in nm modulo rigid motions, i.e. the exact
+internal-coordinate log-det with the frame factor and without the 8π²V of the rigid motions), Kish
+ESS with its N (no clipping), KL of the φ marginal (200 bins on [-π, π], ε = 1e-10, as FAB) raw and
+reweighted, and the fraction of samples in state B = {0 < φ < 2.2}. With ``--out`` a Ramachandran
+plot is written.
 
 Needs openmm (``pip install "flows[molecules]"``) and the data directory (``--data-dir`` or
 ``$FLOWS_DATA_DIR``)::
