@@ -38,7 +38,6 @@ import time
 import _harness
 import torch
 
-from flows.metrics import kish_ess, log_z_estimate
 from flows.targets import DoubleWell, ManyWell, TemperedEnergy
 from flows.train import annealed_temperature, reverse_kl_loss
 
@@ -84,19 +83,6 @@ def _ours_step(flow, tempered: TemperedEnergy, batch: int) -> torch.Tensor:
 
 def _nf_step(model, tempered: TemperedEnergy, batch: int) -> torch.Tensor:
     return model.reverse_kld(batch)  # model.p is the shared tempered target
-
-
-def _scores(x: torch.Tensor, log_w: torch.Tensor, target: DoubleWell, profile_error) -> dict[str, float]:
-    x, log_w = x.double(), log_w.double()
-    log_z, stderr = log_z_estimate(log_w)
-    out = {
-        "ess": kish_ess(log_w).item(),
-        "log_z_error": log_z.item() - target.log_Z,
-        "log_z_stderr": stderr.item(),
-    }
-    for name, weights in (("unweighted", None), ("reweighted", log_w)):
-        out[f"profile_{name}"] = profile_error(x[:, 0], weights, target)
-    return out
 
 
 def double_well(args: argparse.Namespace) -> dict[str, dict[str, float]]:
@@ -167,7 +153,7 @@ def double_well(args: argparse.Namespace) -> dict[str, dict[str, float]]:
                 x, log_q = model.sample_and_log_prob((args.samples,))
         log_w = -target.energy(x) - log_q
         finite = torch.isfinite(log_w)
-        scores = _scores(x[finite], log_w[finite], target, ex.profile_error) if finite.any() else {}
+        scores = ex.scores(x[finite], log_w[finite], target) if finite.any() else {}
         results[name] = {**scores, "step_ms": 1e3 * statistics.median(times[name]) if times[name] else float("nan")}
         if name in failed:
             results[name]["failed"] = failed[name]
