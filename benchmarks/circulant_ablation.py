@@ -23,7 +23,7 @@ import statistics
 
 import _harness
 import torch
-from _harness import Contender, test_bits_per_dim, train_epoch
+from _harness import Contender, print_table, test_bits_per_dim, train_epoch
 
 import flows
 from flows.bijections import alternating_mask
@@ -91,8 +91,8 @@ def main(argv: list[str] | None = None) -> dict[str, dict[str, float]]:
             print(f"  seed {seed}  {kind:<12} test bits/dim {bpd:.4f}  {seconds:.3f} s/epoch", flush=True)
 
     base = statistics.median(s for _, s in runs[args.mixers[0]])
-    print(f"\n{'mixer':<12}{'params':>9}{'test bits/dim':>22}{'s/epoch':>10}{'time ratio':>12}")
     results: dict[str, dict[str, float]] = {}
+    rows = []
     for kind, values in runs.items():
         bpds = [b for b, _ in values]
         seconds = statistics.median(s for _, s in values)
@@ -100,8 +100,13 @@ def main(argv: list[str] | None = None) -> dict[str, dict[str, float]]:
             p.numel() for p in build(kind, transforms=args.transforms, hidden=args.hidden, seed=0).parameters()
         )
         sd = statistics.stdev(bpds) if len(bpds) > 1 else float("nan")
-        print(f"{kind:<12}{params:>9}{statistics.mean(bpds):>14.4f} ± {sd:.4f}{seconds:>10.3f}{seconds / base:>11.2f}x")
         results[kind] = {"bpd": statistics.mean(bpds), "bpd_sd": sd, "seconds_per_epoch": seconds, "params": params}
+        bpd = f"{statistics.mean(bpds):.4f} ± {sd:.4f}"
+        rows.append(
+            {"mixer": kind, "params": params, "bpd": bpd, "seconds": seconds, "ratio": f"{seconds / base:.2f}x"}
+        )
+    columns = [("mixer", "mixer", "s"), ("params", "params", "d"), ("bpd", "test bits/dim", "s")]
+    print_table(rows, [*columns, ("seconds", "s/epoch", ".3f"), ("ratio", "time ratio", "s")])
     return results
 
 

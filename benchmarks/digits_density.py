@@ -36,7 +36,7 @@ from collections.abc import Callable
 
 import _harness
 import torch
-from _harness import Contender, test_bits_per_dim, train_epoch
+from _harness import Contender, print_table, test_bits_per_dim, train_epoch
 from torch import Tensor, nn
 
 import flows
@@ -247,10 +247,18 @@ def main(argv: list[str] | None = None) -> dict[str, tuple[float, float]]:
         for name, m in models.items()
     }
     reference = results.get("zuko-nsf", (math.nan, math.nan))[1]
-    print(f"\n{'model':<20} {'params':>9} {'test bits/dim':>14} {'train s':>9} {'x zuko-nsf time':>16}")
-    for name, (bpd, secs) in sorted(results.items(), key=lambda item: item[1][0]):
-        params = sum(p.numel() for p in models[name].parameters())
-        print(f"{name:<20} {params:9d} {bpd:14.3f} {secs:9.1f} {secs / reference if reference else math.nan:16.2f}")
+    rows = [
+        {
+            "model": name,
+            "params": sum(p.numel() for p in models[name].parameters()),
+            "bpd": bpd,
+            "seconds": secs,
+            "ratio": secs / reference if reference else math.nan,
+        }
+        for name, (bpd, secs) in sorted(results.items(), key=lambda item: item[1][0])
+    ]
+    columns = [("model", "model", "s"), ("params", "params", "d"), ("bpd", "test bits/dim", ".3f")]
+    print_table(rows, [*columns, ("seconds", "train s", ".1f"), ("ratio", "x zuko-nsf time", ".2f")])
     return results
 
 

@@ -31,7 +31,7 @@ from collections.abc import Callable
 
 import _harness
 import torch
-from _harness import Contender, test_bits_per_dim, train_epoch
+from _harness import Contender, print_table, test_bits_per_dim, train_epoch
 from torch import Tensor, nn
 
 import flows
@@ -202,16 +202,25 @@ def main(argv: list[str] | None = None) -> dict[str, list[dict]]:
 
     reference = "ours/static/1x1" if "ours/static/1x1" in results else names[0]
     ref_time = statistics.mean(r["time"] for r in results[reference])
-    print(f"\n{'contender':24s} {'params':>8s} {'test bpd':>16s} {'train s':>8s} {'s/epoch':>8s} {'time ratio':>10s}")
+    rows = []
     for name, runs in results.items():
         bpds = [r["bpd"] for r in runs]
         spread = f" ± {statistics.stdev(bpds):.4f}" if len(bpds) > 1 else ""
         t = statistics.mean(r["time"] for r in runs)
-        per_epoch = statistics.median(r["epoch_median"] for r in runs)
-        print(
-            f"{name:24s} {runs[0]['parameters']:8d} {statistics.mean(bpds):9.4f}{spread:7s} {t:8.1f} "
-            f"{per_epoch:8.3f} {t / ref_time:10.2f}"
+        rows.append(
+            {
+                "name": name,
+                "params": runs[0]["parameters"],
+                "bpd": f"{statistics.mean(bpds):.4f}{spread}",
+                "seconds": t,
+                "epoch": statistics.median(r["epoch_median"] for r in runs),
+                "ratio": t / ref_time,
+            }
         )
+    columns = [("name", "contender", "s"), ("params", "params", "d"), ("bpd", "test bpd", "s")]
+    print_table(
+        rows, [*columns, ("seconds", "train s", ".1f"), ("epoch", "s/epoch", ".3f"), ("ratio", "time ratio", ".2f")]
+    )
     print(f"(time ratio: mean training time / that of {reference}; bpd: mean ± std over seeds)")
     return results
 

@@ -22,7 +22,7 @@ import math
 import _harness
 import numpy as np
 import torch
-from _harness import Contender, train_epoch
+from _harness import Contender, print_table, train_epoch
 from torch import Tensor, nn
 
 import flows
@@ -98,12 +98,14 @@ def main(argv: list[str] | None = None) -> dict[str, tuple[float, float, float]]
             print(f"epoch {epoch + 1:3d} train log-likelihood: {shown}")
     seconds = {name: sum(c.epoch_times) for name, c in contenders.items()}
     results = {}
-    print(f"\n{'model':<12} {'test log-lik (nats)':>22} {'train s':>9}")
     for name, model in models.items():
         mean, err = evaluate(model, test)
         results[name] = (mean, err, seconds[name])
-    for name, (mean, err, secs) in sorted(results.items(), key=lambda item: -item[1][0]):
-        print(f"{name:<12} {mean:14.2f} ± {err:5.2f} {secs:9.1f}")
+    rows = [
+        {"model": name, "loglik": f"{mean:.2f} ± {err:.2f}", "seconds": secs}
+        for name, (mean, err, secs) in sorted(results.items(), key=lambda item: -item[1][0])
+    ]
+    print_table(rows, [("model", "model", "s"), ("loglik", "test log-lik (nats)", "s"), ("seconds", "train s", ".1f")])
     return results
 
 
