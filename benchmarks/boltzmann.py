@@ -32,22 +32,14 @@ many-well, whose budget is wall-clock.
 from __future__ import annotations
 
 import argparse
-import runpy
 import statistics
 import time
-from pathlib import Path
 
+import _harness
 import torch
 
-from flows.metrics import kish_ess, log_z_estimate
 from flows.targets import DoubleWell, ManyWell, TemperedEnergy
 from flows.train import annealed_temperature, reverse_kl_loss
-
-EXAMPLES = Path(__file__).resolve().parents[1] / "examples"
-
-
-def _example(name: str) -> dict:
-    return runpy.run_path(str(EXAMPLES / name), run_name="example")
 
 
 def normflows_snf(
@@ -93,22 +85,8 @@ def _nf_step(model, tempered: TemperedEnergy, batch: int) -> torch.Tensor:
     return model.reverse_kld(batch)  # model.p is the shared tempered target
 
 
-def _scores(x: torch.Tensor, log_w: torch.Tensor, target: DoubleWell, profile_error) -> dict[str, float]:
-    x, log_w = x.double(), log_w.double()
-    log_z, stderr = log_z_estimate(log_w)
-    out = {
-        "ess": kish_ess(log_w).item(),
-        "log_z_error": log_z.item() - target.log_Z,
-        "log_z_stderr": stderr.item(),
-    }
-    for name, weights in (("unweighted", None), ("reweighted", log_w)):
-        out[f"profile_{name}"] = profile_error(x[:, 0], weights, target)
-    return out
-
-
 def double_well(args: argparse.Namespace) -> dict[str, dict[str, float]]:
-    torch.set_num_threads(1)
-    ex = _example("boltzmann_double_well.py")
+    ex = _harness.load_example("boltzmann_double_well.py")  # the example's models and scores, against normflows
     target = DoubleWell()
     tempered = TemperedEnergy(target)  # shared by every loss and every block: annealed in lockstep
     models, steppers = {}, {}
@@ -121,7 +99,7 @@ def double_well(args: argparse.Namespace) -> dict[str, dict[str, float]]:
     for layout in to_train:
         torch.manual_seed(0)
         name = f"flows {names[layout]}"
-        models[name], steppers[name] = ex["build"](layout, tempered, **sizes), _ours_step
+        models[name], steppers[name] = ex.build(layout, tempered, **sizes), _ours_step
     for layout in to_train:
         torch.manual_seed(0)
         peer = normflows_snf(tempered, layout, step_size=0.25, **sizes)
@@ -150,7 +128,7 @@ def double_well(args: argparse.Namespace) -> dict[str, dict[str, float]]:
                 failed[name] = f"non-finite loss at step {step}"
     tempered.temperature = 1.0
     if "final" in args.layouts:  # the trained RealNVPs followed by a block on the target (no extra training)
-        models["flows SNF, final"] = ex["add_final_block"](models["flows RealNVP"], target, mc_steps=args.mc_steps)
+        models["flows SNF, final"] = ex.add_final_block(models["flows RealNVP"], target, mc_steps=args.mc_steps)
         if "normflows RealNVP" in models:
             nf_final = normflows_add_final_block(models["normflows RealNVP"], mc_steps=args.mc_steps, step_size=0.25)
             models["normflows SNF, final"] = nf_final
@@ -175,11 +153,12 @@ def double_well(args: argparse.Namespace) -> dict[str, dict[str, float]]:
                 x, log_q = model.sample_and_log_prob((args.samples,))
         log_w = -target.energy(x) - log_q
         finite = torch.isfinite(log_w)
-        scores = _scores(x[finite], log_w[finite], target, ex["profile_error"]) if finite.any() else {}
+        scores = ex.scores(x[finite], log_w[finite], target) if finite.any() else {}
         results[name] = {**scores, "step_ms": 1e3 * statistics.median(times[name]) if times[name] else float("nan")}
         if name in failed:
             results[name]["failed"] = failed[name]
-    print(f"\ndouble well: {args.steps} annealed reverse-KL steps each, in lockstep; {args.samples} samples; 1 thread")
+    setting = f"{args.samples} samples; {torch.get_num_threads()} thread(s)"
+    print(f"\ndouble well: {args.steps} annealed reverse-KL steps each, in lockstep; {setting}")
     columns = f"{'model':26s} {'ESS':>7s} {'log Z error':>17s} {'|ΔF| unweighted':>16s} {'|ΔF| reweighted':>16s}"
     print(columns + f" {'step ms':>8s} {'vs flows':>9s}")
     for name, r in results.items():
@@ -200,16 +179,17 @@ def double_well(args: argparse.Namespace) -> dict[str, dict[str, float]]:
 
 
 def many_well(args: argparse.Namespace) -> dict[int, dict[str, float]]:
+    threads = torch.get_num_threads()
     torch.set_num_threads(args.mw_threads)
-    ex = _example("boltzmann_many_well.py")
+    ex = _harness.load_example("boltzmann_many_well.py")
     results = {}
     for dim in args.mw_dims:
         budget = args.mw_budget * dim / 32
         torch.manual_seed(0)
         target = ManyWell(dim)
-        flow = ex["build"](dim)
-        steps, seconds = ex["train"](flow, target, method="anneal", budget=budget, batch=args.mw_batch)
-        results[dim] = {**ex["evaluate"](flow, target, n=args.samples), "steps": steps, "train_s": seconds}
+        flow = ex.build(dim)
+        steps, seconds = ex.train(flow, target, method="anneal", budget=budget, batch=args.mw_batch)
+        results[dim] = {**ex.evaluate(flow, target, n=args.samples), "steps": steps, "train_s": seconds}
     print(f"\nmany-well: pair-shared RealNVP, annealed reverse KL, {args.mw_threads} threads, {args.samples} samples")
     columns = (
         ("d", 3),
@@ -228,11 +208,12 @@ def many_well(args: argparse.Namespace) -> dict[int, dict[str, float]]:
             f"{dim:3d} {2 ** (dim // 2):7d} {r['train_s']:9.0f} {r['steps']:6d} {r['ess']:7.4f} {log_z:>17s} "
             f"{r['modes_distinct']:11d} {r['modes_expected']:12.0f}"
         )
+    torch.set_num_threads(threads)
     return results
 
 
 def main(argv: list[str] | None = None) -> dict:
-    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser = _harness.parser(__doc__, seed=None)
     parser.add_argument("--steps", type=int, default=3000, help="double-well training steps per model")
     parser.add_argument("--batch", type=int, default=512)
     parser.add_argument("--transforms", type=int, default=8)
@@ -250,7 +231,7 @@ def main(argv: list[str] | None = None) -> dict:
     parser.add_argument("--mw-budget", type=float, default=1800.0, help="many-well training seconds at d = 32")
     parser.add_argument("--mw-batch", type=int, default=128)
     parser.add_argument("--mw-threads", type=int, default=2)
-    args = parser.parse_args(argv)
+    args = _harness.setup(parser.parse_args(argv))
     return {
         "double_well": double_well(args) if args.layouts else {},
         "many_well": many_well(args) if args.mw_dims else {},

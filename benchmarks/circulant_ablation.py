@@ -19,16 +19,15 @@ standard deviation over seeds, the parameter count, and the training time per ep
 
 from __future__ import annotations
 
-import argparse
 import statistics
-import time
 
+import _harness
 import torch
+from _harness import Contender, print_table, test_bits_per_dim, train_epoch
 
 import flows
 from flows.bijections import alternating_mask
-from flows.data import DIGITS_LEVELS, load_digits, uniform_dequantize
-from flows.metrics import bits_per_dim
+from flows.data import DIGITS_LEVELS, load_digits
 
 MIXERS = ("none", "permutation", "lu", "cd2", "cd4")
 D = 64
@@ -59,46 +58,24 @@ def build(kind: str, *, transforms: int, hidden: int, seed: int) -> flows.Flow:
     return flows.Flow(flows.Chain(*layers), flows.StandardNormal(D))
 
 
-@torch.no_grad()
-def test_bpd(model: flows.Flow, test: torch.Tensor, seed: int, draws: int = 10) -> float:
-    generator = torch.Generator().manual_seed(seed)
-    with flows.evaluating(model):
-        log_p = torch.stack(
-            [model.log_prob(uniform_dequantize(test, DIGITS_LEVELS, generator=generator)) for _ in range(draws)]
-        )
-    return float(bits_per_dim(log_p, D, DIGITS_LEVELS).mean())
-
-
 def train(model: flows.Flow, data: torch.Tensor, *, epochs: int, batch_size: int, lr: float, seed: int) -> float:
-    """Maximum-likelihood training; returns the seconds spent per epoch."""
-    optimizer = torch.optim.Adam(model.parameters(), lr=lr)
+    """Maximum-likelihood training in the neutral loop; returns the seconds spent per epoch."""
+    contender = Contender("mixer", model, lr=lr)
     generator = torch.Generator().manual_seed(seed)
-    model.train()
-    start = time.perf_counter()
     for _ in range(epochs):
-        order = torch.randperm(len(data), generator=generator)
-        for i in range(0, len(data), batch_size):
-            x = uniform_dequantize(data[order[i : i + batch_size]], DIGITS_LEVELS, generator=generator)
-            loss = -model.log_prob(x).mean()
-            optimizer.zero_grad(set_to_none=True)
-            loss.backward()
-            optimizer.step()
-    return (time.perf_counter() - start) / max(epochs, 1)
+        train_epoch(contender, data, batch_size=batch_size, generator=generator, levels=DIGITS_LEVELS)
+    return sum(contender.epoch_times) / max(epochs, 1)
 
 
 def main(argv: list[str] | None = None) -> dict[str, dict[str, float]]:
-    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser = _harness.parser(__doc__, seed=None, epochs=100)
     parser.add_argument("--mixers", nargs="+", default=list(MIXERS), choices=MIXERS)
-    parser.add_argument("--epochs", type=int, default=100)
     parser.add_argument("--seeds", type=int, default=3)
     parser.add_argument("--transforms", type=int, default=8)
     parser.add_argument("--hidden", type=int, default=128)
     parser.add_argument("--batch-size", type=int, default=128)
     parser.add_argument("--lr", type=float, default=1e-3)
-    parser.add_argument("--threads", type=int, default=1)
-    args = parser.parse_args(argv)
-
-    torch.set_num_threads(args.threads)
+    args = _harness.setup(parser.parse_args(argv))
     train_data, test_data = load_digits(test_size=0.2, seed=0)
     print(
         f"digits: {len(train_data)} train / {len(test_data)} test, {args.transforms} couplings "
@@ -109,13 +86,13 @@ def main(argv: list[str] | None = None) -> dict[str, dict[str, float]]:
         for kind in args.mixers:  # interleaved: seed by seed, every mixer
             model = build(kind, transforms=args.transforms, hidden=args.hidden, seed=seed)
             seconds = train(model, train_data, epochs=args.epochs, batch_size=args.batch_size, lr=args.lr, seed=seed)
-            bpd = test_bpd(model, test_data, seed=1000 + seed)
+            bpd = test_bits_per_dim(model, test_data, levels=DIGITS_LEVELS, draws=10, seed=1000 + seed)
             runs[kind].append((bpd, seconds))
             print(f"  seed {seed}  {kind:<12} test bits/dim {bpd:.4f}  {seconds:.3f} s/epoch", flush=True)
 
     base = statistics.median(s for _, s in runs[args.mixers[0]])
-    print(f"\n{'mixer':<12}{'params':>9}{'test bits/dim':>22}{'s/epoch':>10}{'time ratio':>12}")
     results: dict[str, dict[str, float]] = {}
+    rows = []
     for kind, values in runs.items():
         bpds = [b for b, _ in values]
         seconds = statistics.median(s for _, s in values)
@@ -123,8 +100,13 @@ def main(argv: list[str] | None = None) -> dict[str, dict[str, float]]:
             p.numel() for p in build(kind, transforms=args.transforms, hidden=args.hidden, seed=0).parameters()
         )
         sd = statistics.stdev(bpds) if len(bpds) > 1 else float("nan")
-        print(f"{kind:<12}{params:>9}{statistics.mean(bpds):>14.4f} ± {sd:.4f}{seconds:>10.3f}{seconds / base:>11.2f}x")
         results[kind] = {"bpd": statistics.mean(bpds), "bpd_sd": sd, "seconds_per_epoch": seconds, "params": params}
+        bpd = f"{statistics.mean(bpds):.4f} ± {sd:.4f}"
+        rows.append(
+            {"mixer": kind, "params": params, "bpd": bpd, "seconds": seconds, "ratio": f"{seconds / base:.2f}x"}
+        )
+    columns = [("mixer", "mixer", "s"), ("params", "params", "d"), ("bpd", "test bits/dim", "s")]
+    print_table(rows, [*columns, ("seconds", "s/epoch", ".3f"), ("ratio", "time ratio", "s")])
     return results
 
 

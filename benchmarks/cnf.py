@@ -43,12 +43,11 @@ backward), and direct backpropagation through the solver.
 
 from __future__ import annotations
 
-import argparse
 import math
 import statistics
-import time
 from collections.abc import Callable
 
+import _harness
 import torch
 from torch import Tensor, nn
 
@@ -81,17 +80,17 @@ def load_problem(name: str, seed: int = 0) -> tuple[Tensor, Tensor]:
     raise ValueError(f"expected problem 'moons', 'circles' or 'miniboone', got {name!r}")
 
 
-class Contender:
-    """A model with a uniform interface: log-density, NFE of the last forward solve, reference field."""
+class Contender(_harness.Contender):
+    """A CNF contender: log-density, NFE of the last forward solve, reference field, an optional schedule."""
 
     def __init__(self, name: str, model: nn.Module, kind: str) -> None:
-        self.name, self.model, self.kind = name, model, kind
+        super().__init__(name, model, log_prob=self._log_prob, lr=LR)
+        self.kind = kind
         self.key = ""
-        self.optimizer = torch.optim.Adam(model.parameters(), lr=LR)
         self.scheduler: torch.optim.lr_scheduler.LRScheduler | None = None
-        self.step_times: list[float] = []
         self.train_nfe: list[int] = []
         self._calls = 0
+        self._forward_nfe = 0
         if kind == "zuko":
             transform = model.transform
             field = transform.f
@@ -102,28 +101,20 @@ class Contender:
 
             transform.f = counted
 
-    def log_prob(self, x: Tensor) -> Tensor:
+    def _log_prob(self, x: Tensor) -> Tensor:
         self._calls = 0
-        return self.model().log_prob(x) if self.kind == "zuko" else self.model.log_prob(x)
+        log_p = self.model().log_prob(x) if self.kind == "zuko" else self.model.log_prob(x)
+        self._forward_nfe = self.nfe  # before any backward pass (zuko's adjoint evaluates the field again)
+        return log_p
 
     @property
     def nfe(self) -> int:
         return self._calls if self.kind == "zuko" else self.model.nfe
 
-    def step(self, x: Tensor) -> float:
-        start = time.perf_counter()
-        with flows.AuxiliaryLosses() as aux:
-            nll = -self.log_prob(x).mean()
-        nfe = self.nfe
-        loss = nll + aux.total()
-        self.optimizer.zero_grad(set_to_none=True)
-        loss.backward()
-        self.optimizer.step()
+    def after_step(self) -> None:
         if self.scheduler is not None:
             self.scheduler.step()
-        self.step_times.append(time.perf_counter() - start)
-        self.train_nfe.append(nfe)
-        return float(nll.detach())
+        self.train_nfe.append(self._forward_nfe)
 
     @torch.no_grad()
     def test_nll(self, test: Tensor, chunk: int = 1000) -> tuple[Tensor, float]:
@@ -250,24 +241,26 @@ def trace_cost(features: int, batch: int, repeats: int) -> dict[str, float]:
         "autograd Hutchinson (one VJP)": flows.CNF(features, field=_NoJVP(field), trace="hutchinson", **solver),
     }
     x = torch.randn(batch, features)
-    times: dict[str, list[float]] = {name: [] for name in routes}
-    for _ in range(repeats):
-        for name, cnf in routes.items():
-            start = time.perf_counter()
+
+    def evaluation(cnf: flows.CNF) -> Callable[[], None]:
+        def run() -> None:
             z, ladj = cnf.forward_and_log_det(x)
             (z.sum() + ladj.sum()).backward()
-            times[name].append(time.perf_counter() - start)
-    medians = {name: 1e3 * statistics.median(t) for name, t in times.items()}
-    print(f"one evaluation + backward, D={features}, batch {batch}, hidden {HIDDEN}, {repeats} rounds, 1 thread")
+
+        return run
+
+    seconds = _harness.interleaved_medians({name: evaluation(c) for name, c in routes.items()}, rounds=repeats)
+    medians = {name: 1e3 * t for name, t in seconds.items()}
+    threads = torch.get_num_threads()
+    print(f"one evaluation + backward, D={features}, batch {batch}, hidden {HIDDEN}, {repeats} rounds, {threads} thr.")
     for name, ms in medians.items():
         print(f"  {name:42s} {ms:8.2f} ms")
     return medians
 
 
 def main(argv: list[str] | None = None) -> dict[str, dict[str, float]]:
-    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser = _harness.parser(__doc__, epochs=25)
     parser.add_argument("--problem", choices=("moons", "circles", "miniboone", "trace"), default="moons")
-    parser.add_argument("--epochs", type=int, default=25)
     parser.add_argument("--batch-size", type=int, default=256)
     parser.add_argument(
         "--rnode", type=float, nargs="+", default=[0.01], help="RNODE weights (kinetic = Jacobian), one contender each"
@@ -278,14 +271,11 @@ def main(argv: list[str] | None = None) -> dict[str, dict[str, float]]:
         "--reference-rows", type=int, default=1000, help="test rows for the tight reference solve (0: skip it)"
     )
     parser.add_argument("--repeats", type=int, default=30, help="rounds of the trace-cost measurement")
-    parser.add_argument("--seed", type=int, default=0)
     parser.add_argument(
         "--hidden", type=int, nargs="+", default=list(HIDDEN), help="hidden widths of every contender's field"
     )
     parser.add_argument("--cosine", action="store_true", help="decay the learning rate to 0 over the run (cosine)")
-    args = parser.parse_args(argv)
-
-    torch.set_num_threads(1)
+    args = _harness.setup(parser.parse_args(argv))
     if args.problem == "trace":  # the cost of one evaluation by each trace route, D = 2 and 43
         return {str(d): trace_cost(d, args.batch_size, args.repeats) for d in (2, 43)}
     train, test = load_problem(args.problem)

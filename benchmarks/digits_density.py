@@ -32,10 +32,11 @@ from __future__ import annotations
 
 import argparse
 import math
-import time
 from collections.abc import Callable
 
+import _harness
 import torch
+from _harness import Contender, print_table, test_bits_per_dim, train_epoch
 from torch import Tensor, nn
 
 import flows
@@ -127,12 +128,11 @@ def select_best(args: argparse.Namespace, train: Tensor) -> tuple[bool, float, l
     for randperm, dropout, wide in GRID:
         hidden = args.best_hidden if wide else args.hidden
         torch.manual_seed(args.seed)
-        model = best_nsf(hidden, dropout, randperm, args)
-        optimizer = torch.optim.Adam(model.parameters(), lr=args.lr)
+        model = Contender("candidate", best_nsf(hidden, dropout, randperm, args), lr=args.lr)
         generator = torch.Generator().manual_seed(args.seed)
         for _ in range(epochs):
-            train_epoch(model, optimizer, fit, generator, args.batch_size)
-        score = test_bits_per_dim(model, val, 10, args.seed + 1)
+            train_epoch(model, fit, batch_size=args.batch_size, generator=generator, levels=DIGITS_LEVELS)
+        score = test_bits_per_dim(model.model, val, levels=DIGITS_LEVELS, draws=10, seed=args.seed + 1)
         scores[(randperm, dropout, tuple(hidden))] = score
         orders = "random" if randperm else "alternating"
         print(f"{orders:<12} {dropout:8.2f} {','.join(map(str, hidden)):>12} {score:13.3f}")
@@ -178,30 +178,6 @@ def build(name: str, args: argparse.Namespace) -> nn.Module:
     raise ValueError(f"unknown model {name!r}")
 
 
-@torch.no_grad()
-def test_bits_per_dim(model: nn.Module, test: Tensor, draws: int, seed: int) -> float:
-    generator = torch.Generator().manual_seed(seed)
-    with flows.evaluating(model):
-        log_p = torch.stack(
-            [model.log_prob(uniform_dequantize(test, DIGITS_LEVELS, generator=generator)) for _ in range(draws)]
-        )
-    return float(bits_per_dim(log_p, FEATURES, DIGITS_LEVELS).mean())
-
-
-def train_epoch(model: nn.Module, optimizer, train: Tensor, generator: torch.Generator, batch: int) -> float:
-    model.train()
-    order = torch.randperm(len(train), generator=generator)
-    total = 0.0
-    for i in range(0, len(train), batch):
-        x = uniform_dequantize(train[order[i : i + batch]], DIGITS_LEVELS, generator=generator)
-        loss = -model.log_prob(x).mean()
-        optimizer.zero_grad(set_to_none=True)
-        loss.backward()
-        optimizer.step()
-        total += float(loss.detach()) * len(x)
-    return total / len(train)
-
-
 ALL = [
     "gaussian",
     "flows-realnvp",
@@ -218,9 +194,8 @@ ALL = [
 
 
 def main(argv: list[str] | None = None) -> dict[str, tuple[float, float]]:
-    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser = _harness.parser(__doc__, epochs=60)
     parser.add_argument("--models", nargs="+", default=ALL, choices=ALL)
-    parser.add_argument("--epochs", type=int, default=60)
     parser.add_argument("--batch-size", type=int, default=128)
     parser.add_argument("--lr", type=float, default=1e-3)
     parser.add_argument("--transforms", type=int, default=3, help="layers of the library contenders (zuko's default)")
@@ -234,51 +209,56 @@ def main(argv: list[str] | None = None) -> dict[str, tuple[float, float]]:
     parser.add_argument("--select", action="store_true", help="choose flows-best's options on a validation split")
     parser.add_argument("--val-size", type=float, default=0.2, help="fraction of the training images for --select")
     parser.add_argument("--select-epochs", type=int, default=0, help="epochs per --select candidate (0: --epochs)")
-    parser.add_argument("--seed", type=int, default=0)
     parser.add_argument("--split-seed", type=int, default=0, help="random_state of the split (0: the benchmark's)")
-    parser.add_argument("--threads", type=int, default=1)
-    args = parser.parse_args(argv)
+    args = _harness.setup(parser.parse_args(argv))
 
-    torch.set_num_threads(args.threads)
     train, test = load_digits(test_size=0.2, seed=args.split_seed)
     if args.select and "flows-best" in args.models:
         randperm, args.best_dropout, args.best_hidden = select_best(args, train)
         args.best_alternate = not randperm
-    models: dict[str, nn.Module] = {}
-    optimizers = {}
+    contenders: dict[str, Contender] = {}
     generators = {}
     for name in args.models:
         torch.manual_seed(args.seed)
         generators[name] = torch.Generator().manual_seed(args.seed)
-        if name == "gaussian":
-            models[name] = Gaussian(train, generators[name])
-            continue
-        models[name] = build(name, args)
-        optimizers[name] = torch.optim.Adam(models[name].parameters(), lr=args.lr)
-    seconds = dict.fromkeys(models, 0.0)
+        model = Gaussian(train, generators[name]) if name == "gaussian" else build(name, args)
+        contenders[name] = Contender(name, model, lr=args.lr)  # the closed-form Gaussian has nothing to train
     print(
         f"digits: {len(train)} train / {len(test)} test, {args.epochs} epochs, batch {args.batch_size}, "
         f"Adam {args.lr:g}, logit alpha {ALPHA}, {torch.get_num_threads()} thread(s), interleaved"
     )
+    trained = [c for c in contenders.values() if c.optimizer is not None]
     for epoch in range(args.epochs):
-        losses = {}
-        for name, model in models.items():
-            if name not in optimizers:
-                continue
-            start = time.perf_counter()
-            losses[name] = train_epoch(model, optimizers[name], train, generators[name], args.batch_size)
-            seconds[name] += time.perf_counter() - start
+        losses = {
+            c.name: train_epoch(
+                c, train, batch_size=args.batch_size, generator=generators[c.name], levels=DIGITS_LEVELS
+            )
+            for c in trained
+        }
         if (epoch + 1) % 10 == 0 or epoch + 1 == args.epochs:
             shown = "  ".join(
                 f"{n} {float(bits_per_dim(torch.tensor(-v), FEATURES, DIGITS_LEVELS)):.2f}" for n, v in losses.items()
             )
             print(f"epoch {epoch + 1:3d} train bits/dim: {shown}")
-    results = {name: (test_bits_per_dim(m, test, 10, args.seed + 1), seconds[name]) for name, m in models.items()}
+    models = {name: c.model for name, c in contenders.items()}
+    seconds = {name: sum(c.epoch_times) for name, c in contenders.items()}
+    results = {
+        name: (test_bits_per_dim(m, test, levels=DIGITS_LEVELS, draws=10, seed=args.seed + 1), seconds[name])
+        for name, m in models.items()
+    }
     reference = results.get("zuko-nsf", (math.nan, math.nan))[1]
-    print(f"\n{'model':<20} {'params':>9} {'test bits/dim':>14} {'train s':>9} {'x zuko-nsf time':>16}")
-    for name, (bpd, secs) in sorted(results.items(), key=lambda item: item[1][0]):
-        params = sum(p.numel() for p in models[name].parameters())
-        print(f"{name:<20} {params:9d} {bpd:14.3f} {secs:9.1f} {secs / reference if reference else math.nan:16.2f}")
+    rows = [
+        {
+            "model": name,
+            "params": sum(p.numel() for p in models[name].parameters()),
+            "bpd": bpd,
+            "seconds": secs,
+            "ratio": secs / reference if reference else math.nan,
+        }
+        for name, (bpd, secs) in sorted(results.items(), key=lambda item: item[1][0])
+    ]
+    columns = [("model", "model", "s"), ("params", "params", "d"), ("bpd", "test bits/dim", ".3f")]
+    print_table(rows, [*columns, ("seconds", "train s", ".1f"), ("ratio", "x zuko-nsf time", ".2f")])
     return results
 
 

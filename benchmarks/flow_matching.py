@@ -50,19 +50,15 @@ from __future__ import annotations
 import argparse
 import math
 import statistics
-import sys
-import time
-from pathlib import Path
 
+import _harness
 import torch
+from cnf import HIDDEN, LR, Contender, load_problem  # benchmarks/cnf.py: the FFJORD set-up (a sibling script)
 from torch import Tensor
 from torch.optim.swa_utils import AveragedModel, get_ema_multi_avg_fn
 
 import flows
 from flows.train import FlowMatching
-
-sys.path.insert(0, str(Path(__file__).resolve().parent))
-from cnf import HIDDEN, LR, Contender, load_problem  # benchmarks/cnf.py: the FFJORD set-up
 
 
 class FMContender(Contender):
@@ -84,16 +80,13 @@ class FMContender(Contender):
         # an exponential moving average of the weights (decay ``ema``), evaluated in their place
         self.ema = AveragedModel(self.model, multi_avg_fn=get_ema_multi_avg_fn(ema)) if ema else None
 
-    def step(self, x: Tensor) -> float:
-        start = time.perf_counter()
+    def loss(self, x: Tensor) -> tuple[Tensor, Tensor]:
         loss = self.objective(self.model, (x,))
-        self.optimizer.zero_grad(set_to_none=True)
-        loss.backward()
-        self.optimizer.step()
+        return loss, loss
+
+    def after_step(self) -> None:
         if self.ema is not None:
             self.ema.update_parameters(self.model)
-        self.step_times.append(time.perf_counter() - start)
-        return float(loss.detach())
 
     def test_nll(self, test: Tensor, chunk: int = 1000) -> tuple[Tensor, float]:
         """Per-row NLL and mean NFE, of the averaged weights when there are any."""
@@ -238,9 +231,8 @@ def plot_curves(per_seed: list[dict[str, dict]], seeds: list[int], budget: float
 
 
 def main(argv: list[str] | None = None) -> dict[str, dict[str, float]]:
-    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser = _harness.parser(__doc__, seed=None, budget=120.0)
     parser.add_argument("--problem", choices=("moons", "miniboone"), default="moons")
-    parser.add_argument("--budget", type=float, default=120.0, help="training seconds per contender and seed")
     parser.add_argument("--eval-every", type=float, default=None, help="seconds between validations (budget/30)")
     parser.add_argument(
         "--contenders",
@@ -269,13 +261,12 @@ def main(argv: list[str] | None = None) -> dict[str, dict[str, float]]:
     parser.add_argument("--val-rows", type=float, default=0.1, help="fraction of the training rows for validation")
     parser.add_argument("--limit", type=int, default=None, help="use only this many train/test rows (smoke tests)")
     parser.add_argument("--plot", default=None, help="write the validation curves to this image file")
-    args = parser.parse_args(argv)
+    args = _harness.setup(parser.parse_args(argv))
     if args.fm_budget is None:
         args.fm_budget = args.budget
     if args.eval_every is None:
         args.eval_every = min(args.budget, args.fm_budget) / 30
 
-    torch.set_num_threads(1)
     train, test = load_problem(args.problem)
     if args.limit:
         train, test = train[: args.limit], test[: args.limit]

@@ -27,35 +27,22 @@ from __future__ import annotations
 
 import argparse
 import statistics
-import time
 from collections.abc import Callable
 
+import _harness
 import torch
+from _harness import Contender, print_table, test_bits_per_dim, train_epoch
 from torch import Tensor, nn
 
 import flows
-from flows.bijections.auxiliary import AuxiliaryLosses
-from flows.data import DIGITS_LEVELS, load_digits, uniform_dequantize
-from flows.metrics import bits_per_dim
+from flows.data import DIGITS_LEVELS, load_digits
 from flows.nn import ConvNet
 
 SHAPE = (1, 8, 8)
 OPTIONAL = ("ours/eiw/lu", "ours/static/circulant-m4")  # run only when named in --contenders
 DIMS = 64
+LEVELS = DIGITS_LEVELS
 ALPHA = 1e-6
-
-
-class Contender:
-    """A model, its log-density of dequantized images in ``[0, 1]``, and its bookkeeping."""
-
-    def __init__(self, name: str, model: nn.Module, log_prob: Callable[[Tensor], Tensor], lr: float) -> None:
-        self.name, self.model, self.log_prob = name, model, log_prob
-        self.optimizer = torch.optim.Adam(model.parameters(), lr=lr)
-        self.epoch_times: list[float] = []
-
-    @property
-    def parameters(self) -> int:
-        return sum(p.numel() for p in self.model.parameters())
 
 
 def ours(split: str, mixer: str, args: argparse.Namespace, **options) -> Callable[[], tuple[nn.Module, Callable]]:
@@ -159,45 +146,23 @@ def contender_builders(args: argparse.Namespace) -> dict[str, Callable[[], tuple
     return builders
 
 
-def train_epoch(c: Contender, train: Tensor, batch_size: int, generator: torch.Generator) -> None:
-    c.model.train()
-    order = torch.randperm(len(train), generator=generator)
-    start = time.perf_counter()
-    for i in range(0, len(train), batch_size):
-        x = uniform_dequantize(train[order[i : i + batch_size]], DIGITS_LEVELS, generator=generator)
-        with AuxiliaryLosses() as aux:
-            nll = -c.log_prob(x).mean()
-        loss = (nll + aux.total()) / DIMS
-        c.optimizer.zero_grad(set_to_none=True)
-        loss.backward()
-        c.optimizer.step()
-    c.epoch_times.append(time.perf_counter() - start)
-
-
-@torch.no_grad()
-def test_bpd(c: Contender, test: Tensor, draws: int, seed: int) -> float:
-    generator = torch.Generator().manual_seed(seed)
-    with flows.evaluating(c.model):
-        draws_ = [uniform_dequantize(test, DIGITS_LEVELS, generator=generator) for _ in range(draws)]
-        log_p = torch.cat([c.log_prob(x) for x in draws_])
-    return float(bits_per_dim(log_p, DIMS, DIGITS_LEVELS).mean())
-
-
 def run_seed(seed: int, names: list[str], args: argparse.Namespace, train: Tensor, test: Tensor) -> dict[str, dict]:
     builders = contender_builders(args)
     contenders = []
     for name in names:
         torch.manual_seed(seed)
         model, log_prob = builders[name]()
-        contenders.append(Contender(name, model, log_prob, args.lr))
+        contenders.append(Contender(name, model, log_prob=log_prob, lr=args.lr))
     generators = {c.name: torch.Generator().manual_seed(1000 + seed) for c in contenders}  # same batches for all
     for epoch in range(args.epochs):
         rotation = contenders[epoch % len(contenders) :] + contenders[: epoch % len(contenders)]
-        for c in rotation:
-            train_epoch(c, train, args.batch_size, generators[c.name])
+        for c in rotation:  # the loss per dimension, as the peers' examples train
+            train_epoch(
+                c, train, batch_size=args.batch_size, generator=generators[c.name], levels=LEVELS, scale=1 / DIMS
+            )
     return {
         c.name: {
-            "bpd": test_bpd(c, test, args.draws, seed=7),
+            "bpd": test_bits_per_dim(c.model, test, levels=LEVELS, draws=args.draws, seed=7, log_prob=c.log_prob),
             "time": sum(c.epoch_times),
             "epoch_median": statistics.median(c.epoch_times),
             "parameters": c.parameters,
@@ -207,8 +172,7 @@ def run_seed(seed: int, names: list[str], args: argparse.Namespace, train: Tenso
 
 
 def main(argv: list[str] | None = None) -> dict[str, list[dict]]:
-    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    parser.add_argument("--epochs", type=int, default=30)
+    parser = _harness.parser(__doc__, seed=None, epochs=30)
     parser.add_argument("--seeds", type=int, default=3)
     parser.add_argument("--first-seed", type=int, default=0, help="seeds run: first-seed .. first-seed + seeds - 1")
     parser.add_argument("--levels", type=int, default=2)
@@ -217,11 +181,8 @@ def main(argv: list[str] | None = None) -> dict[str, list[dict]]:
     parser.add_argument("--batch-size", type=int, default=64)
     parser.add_argument("--lr", type=float, default=1e-3)
     parser.add_argument("--draws", type=int, default=5, help="dequantization draws for the test bits/dim")
-    parser.add_argument("--threads", type=int, default=1)
     parser.add_argument("--contenders", nargs="*", default=None, help="names to run (default: all but ours/eiw/lu)")
-    args = parser.parse_args(argv)
-
-    torch.set_num_threads(args.threads)
+    args = _harness.setup(parser.parse_args(argv))
     available = list(contender_builders(args))
     names = args.contenders or [n for n in available if n not in OPTIONAL]
     unknown = sorted(set(names) - set(available))
@@ -241,16 +202,25 @@ def main(argv: list[str] | None = None) -> dict[str, list[dict]]:
 
     reference = "ours/static/1x1" if "ours/static/1x1" in results else names[0]
     ref_time = statistics.mean(r["time"] for r in results[reference])
-    print(f"\n{'contender':24s} {'params':>8s} {'test bpd':>16s} {'train s':>8s} {'s/epoch':>8s} {'time ratio':>10s}")
+    rows = []
     for name, runs in results.items():
         bpds = [r["bpd"] for r in runs]
         spread = f" ± {statistics.stdev(bpds):.4f}" if len(bpds) > 1 else ""
         t = statistics.mean(r["time"] for r in runs)
-        per_epoch = statistics.median(r["epoch_median"] for r in runs)
-        print(
-            f"{name:24s} {runs[0]['parameters']:8d} {statistics.mean(bpds):9.4f}{spread:7s} {t:8.1f} "
-            f"{per_epoch:8.3f} {t / ref_time:10.2f}"
+        rows.append(
+            {
+                "name": name,
+                "params": runs[0]["parameters"],
+                "bpd": f"{statistics.mean(bpds):.4f}{spread}",
+                "seconds": t,
+                "epoch": statistics.median(r["epoch_median"] for r in runs),
+                "ratio": t / ref_time,
+            }
         )
+    columns = [("name", "contender", "s"), ("params", "params", "d"), ("bpd", "test bpd", "s")]
+    print_table(
+        rows, [*columns, ("seconds", "train s", ".1f"), ("epoch", "s/epoch", ".3f"), ("ratio", "time ratio", ".2f")]
+    )
     print(f"(time ratio: mean training time / that of {reference}; bpd: mean ± std over seeds)")
     return results
 

@@ -17,18 +17,14 @@ comparison); the examples write their sample pictures under ``--out``.
 
 from __future__ import annotations
 
-import argparse
-import runpy
-import statistics
 import time
 from collections.abc import Callable
 from pathlib import Path
 
+import _harness
 import torch
 
 import flows
-
-EXAMPLES = Path(__file__).resolve().parents[1] / "examples"
 
 # (name, D, d, hidden width, batch)
 CONFIGS = [
@@ -89,19 +85,10 @@ def cost(repeats: int, inner: int, configs: list[tuple[str, int, int, int, int]]
     print(f"torch {torch.__version__}, {torch.get_num_threads()} thread(s); medians of {repeats} interleaved rounds")
     for name, features, latent, hidden, batch in configs:
         steps = _steps(features, latent, hidden, batch)
-        for fn in steps.values():  # warm-up
-            fn()
-        times: dict[str, list[float]] = {k: [] for k in steps}
-        for _ in range(repeats):
-            for key, fn in steps.items():
-                start = time.perf_counter()
-                for _ in range(inner):
-                    fn()
-                times[key].append((time.perf_counter() - start) / inner)
-        floor = statistics.median(times["autoencoder step"])
+        medians = _harness.interleaved_medians(steps, rounds=repeats, inner=inner)
+        floor = medians["autoencoder step"]
         print(f"\n{name}: D={features} d={latent} hidden={hidden} batch={batch}")
-        for key, values in times.items():
-            median = statistics.median(values)
+        for key, median in medians.items():
             print(f"  {key:28s} {1e3 * median:8.2f} ms   {median / floor:5.2f}x autoencoder step")
             ratios[f"{name}: {key}"] = median / floor
     return ratios
@@ -118,7 +105,7 @@ def quality(steps: int, out: Path, miniboone: bool) -> None:
     summary = []
     for label, script, argv in runs:
         print(f"\n=== {label} ===")
-        main = runpy.run_path(str(EXAMPLES / script), run_name="benchmark")["main"]
+        main = _harness.load_example(script).main
         start = time.perf_counter()
         results = main([*argv, "--steps", str(steps), "--out", str(out)])
         summary.append((label, results, time.perf_counter() - start))
@@ -130,7 +117,7 @@ def quality(steps: int, out: Path, miniboone: bool) -> None:
 
 
 def main(argv: list[str] | None = None) -> dict[str, float]:
-    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser = _harness.parser(__doc__, seed=None)
     parser.add_argument("--part", choices=("cost", "quality", "all"), default="all")
     parser.add_argument("--repeats", type=int, default=15, help="interleaved timing rounds")
     parser.add_argument("--inner", type=int, default=5, help="steps per timing round")
@@ -138,15 +125,13 @@ def main(argv: list[str] | None = None) -> dict[str, float]:
     parser.add_argument("--miniboone", action="store_true", help="also run MiniBooNE (needs FLOWS_DATA_DIR)")
     parser.add_argument("--tiny", action="store_true", help="one tiny cost configuration (a smoke run)")
     parser.add_argument("--out", type=Path, default=Path("runs/injective_benchmark"))
-    args = parser.parse_args(argv)
-    torch.set_num_threads(1)
+    args = _harness.setup(parser.parse_args(argv))
     ratios: dict[str, float] = {}
     if args.part in ("cost", "all"):
         ratios = cost(args.repeats, args.inner, [("tiny", 3, 2, 8, 16)] if args.tiny else CONFIGS)
     if args.part in ("quality", "all"):
         quality(args.steps, args.out, args.miniboone)
     return ratios
-    torch.set_num_threads(1)
 
 
 if __name__ == "__main__":

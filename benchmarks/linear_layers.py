@@ -22,11 +22,11 @@ with ``inv(W)``).
 
 from __future__ import annotations
 
-import argparse
 import statistics
 import time
 from collections.abc import Callable
 
+import _harness
 import torch
 import torch.nn.functional as F
 
@@ -188,19 +188,16 @@ def targets(r: dict) -> None:
 
 
 def main(argv: list[str] | None = None) -> dict[int, dict]:
-    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser = _harness.parser(__doc__, seed=None)
     sizes = [16, 64, 256, 1024, 4096]
     parser.add_argument("--sizes", type=int, nargs="*", default=sizes, help="vector sizes (none: skip them)")
     parser.add_argument("--batch", type=int, default=256)
-    parser.add_argument("--threads", type=int, default=1)
     parser.add_argument("--budget", type=float, default=10.0, help="seconds of measurement per size (>= 3 rounds)")
     parser.add_argument("--max-rounds", type=int, default=200)
     parser.add_argument("--images", action="store_true", help="also time the channel form on images")
     parser.add_argument("--channels", type=int, nargs="+", default=[16, 96, 512])
     parser.add_argument("--image-shape", type=int, nargs=3, default=[16, 32, 32], metavar=("B", "H", "W"))
-    args = parser.parse_args(argv)
-
-    torch.set_num_threads(args.threads)
+    args = _harness.setup(parser.parse_args(argv))
     torch.manual_seed(0)
     print(f"torch {torch.__version__}, {torch.get_num_threads()} thread(s), batch {args.batch}, float32, no grad")
     results: dict[int, dict] = {}

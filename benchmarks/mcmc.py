@@ -32,12 +32,10 @@ run (warm-up included). One thread.
 
 from __future__ import annotations
 
-import argparse
 import copy
-import statistics
-import time
 from collections.abc import Callable
 
+import _harness
 import torch
 from scipy import stats
 
@@ -279,14 +277,8 @@ def overhead(repeats: int, override: int | None = None) -> dict[str, float]:
             nonlocal state
             state, _ = kernel.step(type(state)(state.x, state.log_prob))
 
-        times: dict[str, list[float]] = {"grad": [], "step": [], "floor": [], "textbook": []}
-        for _ in range(repeats):
-            for key, fn in (("grad", grad), ("step", step), ("floor", rng_floor), ("textbook", textbook)):
-                began = time.perf_counter()
-                for _ in range(10):
-                    fn()
-                times[key].append((time.perf_counter() - began) / 10)
-        med = {key: statistics.median(v) for key, v in times.items()}
+        steps = {"grad": grad, "step": step, "floor": rng_floor, "textbook": textbook}
+        med = _harness.interleaved_medians(steps, rounds=repeats, inner=10, warmup=0)
         ratios[name] = med["step"] / med["grad"]
         print(
             f"{name:36s} {med['grad'] * 1e6:9.0f} {med['step'] * 1e6:9.0f} {ratios[name]:10.2f} "
@@ -296,7 +288,7 @@ def overhead(repeats: int, override: int | None = None) -> dict[str, float]:
 
 
 def main(argv: list[str] | None = None) -> dict:
-    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser = _harness.parser(__doc__)
     parser.add_argument("--sections", nargs="+", default=["mixture", "funnel", "phi4", "overhead"])
     parser.add_argument("--dims", type=int, nargs="+", default=[16, 32, 64])
     parser.add_argument("--budget", type=int, default=2000, help="target evaluations per chain (mixture, funnel)")
@@ -309,9 +301,7 @@ def main(argv: list[str] | None = None) -> dict:
     )
     parser.add_argument("--repeats", type=int, default=15, help="timing rounds of the overhead section")
     parser.add_argument("--overhead-chains", type=int, default=None, help="override the chains of every overhead case")
-    parser.add_argument("--seed", type=int, default=0)
-    args = parser.parse_args(argv)
-    torch.set_num_threads(1)
+    args = _harness.setup(parser.parse_args(argv))
     torch.manual_seed(args.seed)
     print(f"torch {torch.__version__}, threads = {torch.get_num_threads()}")
     out: dict = {}

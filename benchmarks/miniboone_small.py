@@ -17,12 +17,12 @@ interleaved (one epoch each in turn) so that wall times are comparable; test log
 
 from __future__ import annotations
 
-import argparse
 import math
-import time
 
+import _harness
 import numpy as np
 import torch
+from _harness import Contender, print_table, train_epoch
 from torch import Tensor, nn
 
 import flows
@@ -69,53 +69,43 @@ def evaluate(model: nn.Module, data: Tensor) -> tuple[float, float]:
 
 
 def main(argv: list[str] | None = None) -> dict[str, tuple[float, float, float]]:
-    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser = _harness.parser(__doc__, epochs=20)
     parser.add_argument("--models", nargs="+", default=ALL, choices=ALL)
-    parser.add_argument("--epochs", type=int, default=20)
     parser.add_argument("--batch-size", type=int, default=128)
     parser.add_argument("--lr", type=float, default=1e-3)
     parser.add_argument("--transforms", type=int, default=5)
     parser.add_argument("--hidden", type=int, nargs="+", default=[128, 128])
     parser.add_argument("--data-dir", default=None, help="holds miniboone_maf_valtest.npz (default: FLOWS_DATA_DIR)")
-    parser.add_argument("--seed", type=int, default=0)
-    parser.add_argument("--threads", type=int, default=1)
-    args = parser.parse_args(argv)
+    args = _harness.setup(parser.parse_args(argv))
 
-    torch.set_num_threads(args.threads)
     train, test = load(args.data_dir)
-    models, optimizers, generators = {}, {}, {}
+    contenders, generators = {}, {}
     for name in args.models:
         torch.manual_seed(args.seed)
-        models[name] = build(name, args.transforms, tuple(args.hidden))
-        optimizers[name] = torch.optim.Adam(models[name].parameters(), lr=args.lr)
+        contenders[name] = Contender(name, build(name, args.transforms, tuple(args.hidden)), lr=args.lr)
         generators[name] = torch.Generator().manual_seed(args.seed)
-    seconds = dict.fromkeys(models, 0.0)
+    models = {name: c.model for name, c in contenders.items()}
     print(
         f"MiniBooNE-small (NOT comparable to published MINIBOONE numbers): train on val {tuple(train.shape)}, "
         f"test {tuple(test.shape)}; {args.epochs} epochs, batch {args.batch_size}, {args.transforms} transforms, "
         f"hidden {tuple(args.hidden)}, {torch.get_num_threads()} thread(s), interleaved"
     )
     for epoch in range(args.epochs):
-        for name, model in models.items():
-            start = time.perf_counter()
-            model.train()
-            order = torch.randperm(len(train), generator=generators[name])
-            for i in range(0, len(train), args.batch_size):
-                loss = -model.log_prob(train[order[i : i + args.batch_size]]).mean()
-                optimizers[name].zero_grad(set_to_none=True)
-                loss.backward()
-                optimizers[name].step()
-            seconds[name] += time.perf_counter() - start
+        for name, c in contenders.items():
+            train_epoch(c, train, batch_size=args.batch_size, generator=generators[name])
         if (epoch + 1) % 10 == 0 or epoch + 1 == args.epochs:
             shown = "  ".join(f"{n} {evaluate(m, train)[0]:.2f}" for n, m in models.items())
             print(f"epoch {epoch + 1:3d} train log-likelihood: {shown}")
+    seconds = {name: sum(c.epoch_times) for name, c in contenders.items()}
     results = {}
-    print(f"\n{'model':<12} {'test log-lik (nats)':>22} {'train s':>9}")
     for name, model in models.items():
         mean, err = evaluate(model, test)
         results[name] = (mean, err, seconds[name])
-    for name, (mean, err, secs) in sorted(results.items(), key=lambda item: -item[1][0]):
-        print(f"{name:<12} {mean:14.2f} ± {err:5.2f} {secs:9.1f}")
+    rows = [
+        {"model": name, "loglik": f"{mean:.2f} ± {err:.2f}", "seconds": secs}
+        for name, (mean, err, secs) in sorted(results.items(), key=lambda item: -item[1][0])
+    ]
+    print_table(rows, [("model", "model", "s"), ("loglik", "test log-lik (nats)", "s"), ("seconds", "train s", ".1f")])
     return results
 
 

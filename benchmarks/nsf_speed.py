@@ -20,23 +20,16 @@ it is much steadier on a loaded machine). Only the ratios within one run mean an
 
 from __future__ import annotations
 
-import argparse
 import itertools
 import statistics
-import time
 from collections.abc import Callable
 
+import _harness
 import torch
+from _harness import interleaved_times
 from torch import nn
 
 import flows
-
-
-def timed(fn: Callable[[], object]) -> tuple[float, float]:
-    """Wall-clock and CPU (process) seconds of one call."""
-    wall, cpu = time.perf_counter(), time.process_time()
-    fn()
-    return time.perf_counter() - wall, time.process_time() - cpu
 
 
 def train_step(model: nn.Module, loss_fn: Callable[[], torch.Tensor]) -> Callable[[], None]:
@@ -64,19 +57,6 @@ def floor_networks(features: int, transforms: int, hidden: tuple[int, ...], outp
     return nn.ModuleList(net() for _ in range(transforms))
 
 
-def interleave(
-    contenders: dict[str, Callable[[], object]], rounds: int, warmup: int = 1
-) -> dict[str, list[tuple[float, float]]]:
-    for fn in contenders.values():
-        for _ in range(warmup):
-            fn()
-    times: dict[str, list[tuple[float, float]]] = {name: [] for name in contenders}
-    for _ in range(rounds):
-        for name, fn in contenders.items():
-            times[name].append(timed(fn))
-    return times
-
-
 def report(title: str, times: dict[str, list[tuple[float, float]]], reference: str) -> dict[str, tuple[float, float]]:
     """Print and return the (wall, CPU) medians; ratios to ``reference`` for both clocks."""
     medians = {
@@ -91,7 +71,7 @@ def report(title: str, times: dict[str, list[tuple[float, float]]], reference: s
 
 
 def main(argv: list[str] | None = None) -> dict[str, float]:
-    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser = _harness.parser(__doc__)
     parser.add_argument("--features", type=int, default=64)
     parser.add_argument("--transforms", type=int, default=8)
     parser.add_argument("--hidden", type=int, nargs="+", default=[256, 256])
@@ -101,11 +81,7 @@ def main(argv: list[str] | None = None) -> dict[str, float]:
     parser.add_argument("--rounds", type=int, default=15, help="interleaved rounds of the step timings")
     parser.add_argument("--sample-rounds", type=int, default=2, help="interleaved rounds of the sampling timings")
     parser.add_argument("--no-zuko", action="store_true", help="skip zuko (not installed, or to save time)")
-    parser.add_argument("--threads", type=int, default=1)
-    parser.add_argument("--seed", type=int, default=0)
-    args = parser.parse_args(argv)
-
-    torch.set_num_threads(args.threads)
+    args = _harness.setup(parser.parse_args(argv))
     torch.manual_seed(args.seed)
     d, hidden = args.features, tuple(args.hidden)
     x = torch.randn(args.batch, d)
@@ -135,10 +111,12 @@ def main(argv: list[str] | None = None) -> dict[str, float]:
         samplers["zuko NSF"] = lambda: theirs().sample((args.samples,))
 
     results: dict[str, float] = {}
-    step = report("training step", interleave(steps, args.rounds), "floor")
+    step = report("training step", interleaved_times(steps, rounds=args.rounds), "floor")
     with torch.no_grad():
-        density = report("log_prob, no grad", interleave(densities, args.rounds), "flows NSF")
-        sample = report(f"sample {args.samples}", interleave(samplers, args.sample_rounds, warmup=0), "flows NSF")
+        density = report("log_prob, no grad", interleaved_times(densities, rounds=args.rounds), "flows NSF")
+        sample = report(
+            f"sample {args.samples}", interleaved_times(samplers, rounds=args.sample_rounds, warmup=0), "flows NSF"
+        )
     for clock, i in (("wall", 0), ("cpu", 1)):
         results[f"step_ratio_{clock}"] = step["flows NSF"][i] / step["floor"][i]
     results["step_ratio"] = results["step_ratio_wall"]

@@ -37,12 +37,12 @@ Usage::
 
 from __future__ import annotations
 
-import argparse
 import math
 import os
 import statistics
 import time
 
+import _harness
 import torch
 from torch import Tensor, nn
 
@@ -457,7 +457,7 @@ def speed(args) -> dict:
 
 
 def main(argv: list[str] | None = None) -> dict:
-    parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
+    parser = _harness.parser(__doc__)
     parser.add_argument("--systems", nargs="+", default=["dw4", "lj13"], choices=sorted(SYSTEMS))
     parser.add_argument(
         "--sections", nargs="+", default=["table", "paths", "speed"], choices=["table", "paths", "speed", "mcmc"]
@@ -496,11 +496,8 @@ def main(argv: list[str] | None = None) -> dict:
     parser.add_argument("--speed-repeats", type=int, default=1, help="interleaved rounds of the speed section")
     parser.add_argument("--speed-fields", nargs="+", default=None, help="subset of the speed section's traces")
     parser.add_argument("--speed-checkpoint", default=None, help="EGNN state dict for the speed section")
-    parser.add_argument("--threads", type=int, default=1)
-    parser.add_argument("--seed", type=int, default=0)
     parser.add_argument("--data-dir", default=os.environ.get("FLOWS_DATA_DIR"))
-    args = parser.parse_args(argv)
-    torch.set_num_threads(args.threads)
+    args = _harness.setup(parser.parse_args(argv))
     keep_freed_memory()  # glibc: no page faults on every large tensor (flows._malloc); results unchanged
     results: dict = {}
     for system in args.systems:

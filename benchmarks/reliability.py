@@ -6,12 +6,13 @@ zero silent wrong answers, zero raw crashes, zero hangs, zero code executions an
 
 Usage::
 
-    python benchmarks/reliability.py                       # the whole table (about a minute or two)
-    python benchmarks/reliability.py --family cli --family kill
-    python benchmarks/reliability.py --match api/affine/   # attacks whose id contains a string
-    python benchmarks/reliability.py --markdown            # also rewrite the table in docs/reliability.md
+    python -m benchmarks.reliability                       # the whole table (about a minute or two)
+    python -m benchmarks.reliability --family cli --family kill
+    python -m benchmarks.reliability --match api/affine/   # attacks whose id contains a string
+    python -m benchmarks.reliability --markdown            # also rewrite the table in docs/reliability.md
 
-Run from the repository root (the table is imported from ``tests.robustness``). Single-threaded
+Run as a module from the repository root: the table is the test suite's (``tests.robustness``),
+and ``python -m`` puts the root on ``sys.path`` (no path edits here). Single-threaded
 torch (``torch.set_num_threads(1)``); the counts do not depend on timing except for hangs.
 """
 
@@ -19,14 +20,11 @@ from __future__ import annotations
 
 import argparse
 import collections
-import sys
 import time
 from collections.abc import Sequence
 from pathlib import Path
 
 ROOT = Path(__file__).resolve().parents[1]
-if str(ROOT) not in sys.path:
-    sys.path.insert(0, str(ROOT))
 
 __all__ = ["main", "markdown_table"]
 
@@ -105,7 +103,7 @@ def main(argv: Sequence[str] | None = None) -> dict[str, collections.Counter]:
     if args.markdown:
         import flows
 
-        command = "python benchmarks/reliability.py --markdown"
+        command = "python -m benchmarks.reliability --markdown"
         note = f"Counts from `{command}` (flows {flows.__version__}, {len(attacks)} attacks)."
         _write_markdown(table, note, args.doc)
         print(f"\nwrote the table to {args.doc}")

@@ -15,10 +15,10 @@ gate (``share_conditioner=True``). Models are trained in turn for each seed.
 
 from __future__ import annotations
 
-import argparse
 import statistics
 import time
 
+import _harness
 import torch
 
 import flows
@@ -51,14 +51,11 @@ def build(name: str) -> flows.Flow:
 
 
 def main(argv: list[str] | None = None) -> dict[str, dict[str, float]]:
-    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    parser.add_argument("--epochs", type=int, default=60)
+    parser = _harness.parser(__doc__, seed=None, epochs=60)
     parser.add_argument("--seeds", type=int, default=3)
     parser.add_argument("--family", choices=["realnvp", "glow"], default="realnvp")
     parser.add_argument("--models", nargs="*", default=None, help="subset of the model names (default: the family's)")
-    parser.add_argument("--threads", type=int, default=1)
-    args = parser.parse_args(argv)
-    torch.set_num_threads(args.threads)
+    args = _harness.setup(parser.parse_args(argv))
 
     if args.models is None:
         args.models = list(GLOW_MODELS if args.family == "glow" else MODELS)

@@ -22,12 +22,12 @@ compares the compiled contenders with the compiled floor: like against like.
 
 from __future__ import annotations
 
-import argparse
 import copy
 import statistics
 import time
 from collections.abc import Callable
 
+import _harness
 import torch
 from torch import nn
 
@@ -144,35 +144,27 @@ def contenders(features: int, transforms: int, hidden: int, compile: bool = Fals
 
 
 def main(argv: list[str] | None = None) -> dict[str, float]:
-    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser = _harness.parser(__doc__, seed=None)
     parser.add_argument("--features", type=int, default=64)
     parser.add_argument("--batch", type=int, default=512)
     parser.add_argument("--transforms", type=int, default=8)
     parser.add_argument("--hidden", type=int, default=256)
     parser.add_argument("--repeats", type=int, default=15, help="interleaved rounds")
     parser.add_argument("--steps", type=int, default=5, help="steps per contender per round")
-    parser.add_argument("--threads", type=int, default=1)
     parser.add_argument("--compile", action="store_true", help="also time contenders under torch.compile")
-    args = parser.parse_args(argv)
-
-    torch.set_num_threads(args.threads)
+    args = _harness.setup(parser.parse_args(argv))
     torch.manual_seed(0)
     x = torch.randn(args.batch, args.features)
     runs = contenders(args.features, args.transforms, args.hidden, args.compile)
-    times: dict[str, list[float]] = {name: [] for name in runs}
     for name, (step, _) in runs.items():  # warm-up (and compilation)
         began = time.perf_counter()
         for _ in range(3):
             step(x)
         if name.endswith(COMPILED):
             print(f"{name}: compiled and warmed up in {time.perf_counter() - began:.1f} s")
-    for _ in range(args.repeats):
-        for name, (step, _) in runs.items():
-            start = time.perf_counter()
-            for _ in range(args.steps):
-                step(x)
-            times[name].append((time.perf_counter() - start) / args.steps * 1e3)
-
+    steps = {name: (lambda step=step: step(x)) for name, (step, _) in runs.items()}
+    rounds = _harness.interleaved_times(steps, rounds=args.repeats, inner=args.steps, warmup=0)
+    times = {name: [1e3 * wall for wall, _ in pairs] for name, pairs in rounds.items()}  # ms per step
     medians = {name: statistics.median(t) for name, t in times.items()}
     best = {name: min(t) for name, t in times.items()}
     floor = medians["floor (bare conditioners)"]

@@ -18,11 +18,11 @@ One torch thread.
 
 from __future__ import annotations
 
-import argparse
 import copy
 import statistics
 import time
 
+import _harness
 import torch
 
 import flows
@@ -116,12 +116,9 @@ def run(name: str, features: int, transforms: int, hidden: int, n: int, batch: i
 
 
 def main(argv: list[str] | None = None) -> dict[str, float]:
-    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    parser.add_argument("--epochs", type=int, default=15, help="measured epochs per configuration")
-    parser.add_argument("--threads", type=int, default=1)
+    parser = _harness.parser(__doc__, seed=None, epochs=15)
     parser.add_argument("--scale", type=float, default=1.0, help="fraction of the default data sizes (smoke tests)")
-    args = parser.parse_args(argv)
-    torch.set_num_threads(args.threads)
+    args = _harness.setup(parser.parse_args(argv))
     print(
         f"torch {torch.__version__}, {torch.get_num_threads()} thread(s), medians over {args.epochs} interleaved epochs"
     )

@@ -42,6 +42,7 @@ import statistics
 import time
 from pathlib import Path
 
+import _harness
 import torch
 from torch import nn
 
@@ -222,7 +223,7 @@ def sample_grid(samples: torch.Tensor, path: Path, title: str) -> None:
 
 
 def parse(argv: list[str] | None) -> argparse.Namespace:
-    p = argparse.ArgumentParser(description=__doc__.split("\n")[0])
+    p = _harness.parser(__doc__)
     p.add_argument("--data", choices=["mnist", "digits"], default="mnist")
     p.add_argument("--data-dir", default=None, help="folder holding mnist.npz (default: $FLOWS_DATA_DIR)")
     p.add_argument("--seconds", type=float, default=600.0, help="training wall clock (default: 10 minutes)")
@@ -244,16 +245,13 @@ def parse(argv: list[str] | None) -> argparse.Namespace:
     p.add_argument("--eval-images", type=int, default=2000)
     p.add_argument("--all-test", action="store_true", help="also score every test image")
     p.add_argument("--classify-images", type=int, default=500)
-    p.add_argument("--threads", type=int, default=1)
-    p.add_argument("--seed", type=int, default=0)
     p.add_argument("--out", default=None, help="folder for the sample grid")
     p.add_argument("--verbose", action="store_true")
-    return p.parse_args(argv)
+    return _harness.setup(p.parse_args(argv))
 
 
 def main(argv: list[str] | None = None) -> dict[str, float]:
     args = parse(argv)
-    torch.set_num_threads(args.threads)
     torch.manual_seed(args.seed)
     x_tr, y_tr, x_te, y_te, levels = load(args.data, args.data_dir)
     flow = flows.TarFlow(

@@ -2,12 +2,13 @@
 
 The flow is a mixed-domain NCSF on the 60 internal coordinates of ALDP (torsions on the circle,
 angles in (0, π), bonds positive, the CB improper restricted to the L enantiomer), trained by
-maximum likelihood on the 1000 K (or 300 K) MD frames of the data directory, then evaluated
-against the OpenMM energy by importance sampling. Printed: the test NLL (nats per configuration,
-Cartesian positions in nm modulo rigid motions, i.e. the exact internal-coordinate log-det with
-the frame factor and without the 8π²V of the rigid motions), Kish ESS with its N (no clipping),
-KL of the φ marginal (200 bins on [-π, π], ε = 1e-10, as FAB) raw and reweighted, and the fraction
-of samples in state B = {0 < φ < 2.2}. With ``--out`` a Ramachandran plot is written.
+maximum likelihood (in :class:`flows.train.Trainer`) on the 1000 K (or 300 K) MD frames of the data
+directory, then evaluated against the OpenMM energy by importance sampling. Printed: the test NLL
+(nats per configuration, Cartesian positions in nm modulo rigid motions, i.e. the exact
+internal-coordinate log-det with the frame factor and without the 8π²V of the rigid motions), Kish
+ESS with its N (no clipping), KL of the φ marginal (200 bins on [-π, π], ε = 1e-10, as FAB) raw and
+reweighted, and the fraction of samples in state B = {0 < φ < 2.2}. With ``--out`` a Ramachandran
+plot is written.
 
 Needs openmm (``pip install "flows[molecules]"``) and the data directory (``--data-dir`` or
 ``$FLOWS_DATA_DIR``)::
@@ -27,6 +28,7 @@ import torch
 import flows
 from flows.metrics.importance import kish_ess
 from flows.targets import AlanineDipeptide
+from flows.train import PrintMetrics, Trainer
 
 B_LOW, B_HIGH = 0.0, 2.2
 
@@ -60,20 +62,11 @@ def histogram_kl(reference: torch.Tensor, model: torch.Tensor, weights: torch.Te
 
 
 def train(flow: flows.Flow, data: torch.Tensor, args: argparse.Namespace) -> tuple[int, float]:
-    opt = torch.optim.Adam(flow.parameters(), lr=args.lr)
-    gen = torch.Generator().manual_seed(args.seed)
-    start, step = time.perf_counter(), 0
-    while time.perf_counter() - start < args.seconds and (args.steps is None or step < args.steps):
-        batch = data[torch.randint(len(data), (args.batch,), generator=gen)]
-        loss = -flow.log_prob(batch).mean()
-        opt.zero_grad()
-        loss.backward()
-        torch.nn.utils.clip_grad_norm_(flow.parameters(), 10.0)
-        opt.step()
-        step += 1
-        if step % 500 == 0:
-            print(f"  step {step:6d}  train NLL (internal, standardised) {loss.item():9.3f}")
-    return step, time.perf_counter() - start
+    """Maximum likelihood in :class:`flows.train.Trainer` (Adam, clipping at 10) for ``--seconds`` or ``--steps``."""
+    trainer = Trainer(flow, lr=args.lr, clip_grad_norm=10.0, callbacks=[PrintMetrics()], progress=False)
+    start = time.perf_counter()
+    trainer.fit(data, batch_size=args.batch, max_steps=args.steps, time_budget=args.seconds, seed=args.seed)
+    return trainer.step, time.perf_counter() - start
 
 
 def evaluate(flow, ic, target, test: torch.Tensor, args: argparse.Namespace) -> dict[str, float]:

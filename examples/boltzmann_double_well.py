@@ -126,6 +126,11 @@ def evaluate(flow, target, *, n: int = 100_000, seed: int = 1) -> dict[str, floa
     """ESS, log-Z error and free-energy profile errors (unweighted and reweighted) from ``n`` samples."""
     torch.manual_seed(seed)
     x, log_w = sample_log_weights(flow, target, n)
+    return scores(x, log_w, target)
+
+
+def scores(x: torch.Tensor, log_w: torch.Tensor, target: DoubleWell) -> dict[str, float]:
+    """The scores of :func:`evaluate` from given samples and their log importance weights."""
     x, log_w = x.double(), log_w.double()
     log_z, stderr = log_z_estimate(log_w)
     out = {

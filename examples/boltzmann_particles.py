@@ -13,6 +13,10 @@ tolerance, to see whether the reweighted energy depends on it. ``--compile-trace
 the exact divergence through ``torch.compile`` (faster on LJ13 once compiled; about half a minute
 to compile).
 
+The loop is written out rather than run by :class:`flows.train.Trainer`, which has no moving
+average of the weights (``--ema``, :class:`torch.optim.swa_utils.AveragedModel`); the cosine
+decay runs over the wall-clock budget.
+
     python examples/boltzmann_particles.py                          # DW4, 5 minutes
     python examples/boltzmann_particles.py --system lj13 --seconds 1800
 """

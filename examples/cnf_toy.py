@@ -16,7 +16,6 @@ from __future__ import annotations
 
 import argparse
 import math
-import statistics
 from pathlib import Path
 
 import torch
@@ -24,23 +23,8 @@ import torch
 import flows
 from flows.bijections.continuous import total_nfe
 from flows.data import load_dataset
-from flows.train import Callback, PrintMetrics, Trainer
+from flows.train import PrintMetrics, RecordNFE, Trainer
 from flows.train.runs import evaluate_log_likelihood, model_for_data
-
-
-class RecordNFE(Callback):
-    """Add the mean NFE of the training steps' forward solves to every epoch's record (as ``nfe``)."""
-
-    def __init__(self) -> None:
-        self.counts: list[int] = []
-
-    def on_step_end(self, trainer: Trainer, metrics: dict[str, float]) -> None:
-        self.counts.append(total_nfe(trainer.model))
-
-    def on_epoch_end(self, trainer: Trainer, record: dict[str, float]) -> None:
-        if self.counts:
-            record["nfe"] = statistics.mean(self.counts)
-        self.counts = []
 
 
 def save_plot(model: flows.Flow, data: torch.Tensor, path: Path, title: str) -> None:

@@ -2,8 +2,10 @@
 
 The digits (8×8, grey levels 0..16) ship inside scikit-learn, so this runs offline. Pixels are
 uniformly dequantized to (0, 1), mapped to the real line by a logit layer that is part of the
-flow (its log-determinant counts), and modelled by RealNVP. Test bits/dim is the dequantization
-bound for 17 levels, averaged over several noise draws.
+flow (its log-determinant counts), and modelled by RealNVP, trained in
+:class:`flows.train.Trainer` (maximum likelihood on freshly dequantized batches,
+``MaximumLikelihood(levels=17)``). Test bits/dim is the dequantization bound for 17 levels,
+averaged over several noise draws (``flows.train.runs.evaluate_log_likelihood``).
 
     python examples/fit_digits.py                 # 60 epochs, writes runs/fit_digits/samples.png
     python examples/fit_digits.py --epochs 2 --out /tmp/digits
@@ -13,31 +15,20 @@ from __future__ import annotations
 
 import argparse
 import math
-import time
 from pathlib import Path
 
 import torch
 
 import flows
-from flows.data import DIGITS_LEVELS, load_digits, uniform_dequantize
-from flows.metrics import bits_per_dim
+from flows.data import DIGITS_LEVELS, load_digits
+from flows.train import MaximumLikelihood, PrintMetrics, Trainer
+from flows.train.runs import evaluate_log_likelihood
 
 
 def build_model(*, transforms: int, hidden: int, alpha: float) -> flows.Flow:
     """Logit preprocessing followed by RealNVP couplings on the 64 pixels."""
     realnvp = flows.RealNVP(64, transforms=transforms, hidden=(hidden, hidden))
     return flows.Flow(flows.Chain(flows.Logit(64, alpha=alpha), realnvp.transform), realnvp.base)
-
-
-@torch.no_grad()
-def test_bits_per_dim(model: flows.Flow, test: torch.Tensor, draws: int, seed: int) -> float:
-    """Average bits/dim over the test set and ``draws`` dequantization noise draws (eval mode)."""
-    generator = torch.Generator().manual_seed(seed)
-    with flows.evaluating(model):
-        log_p = torch.stack(
-            [model.log_prob(uniform_dequantize(test, DIGITS_LEVELS, generator=generator)) for _ in range(draws)]
-        )
-    return float(bits_per_dim(log_p, 64, DIGITS_LEVELS).mean())
 
 
 def save_samples(model: flows.Flow, path: Path, n: int = 64) -> None:
@@ -79,29 +70,9 @@ def main(argv: list[str] | None = None) -> float:
     torch.manual_seed(args.seed)
     train, test = load_digits(test_size=0.2, seed=0)
     model = build_model(transforms=args.transforms, hidden=args.hidden, alpha=args.alpha)
-    optimizer = torch.optim.Adam(model.parameters(), lr=args.lr)
-    generator = torch.Generator().manual_seed(args.seed)
-
-    start = time.perf_counter()
-    for epoch in range(args.epochs):
-        model.train()
-        order = torch.randperm(len(train), generator=generator)
-        total = 0.0
-        for i in range(0, len(train), args.batch_size):
-            x = uniform_dequantize(train[order[i : i + args.batch_size]], DIGITS_LEVELS, generator=generator)
-            loss = -model.log_prob(x).mean()
-            optimizer.zero_grad(set_to_none=True)
-            loss.backward()
-            optimizer.step()
-            total += float(loss.detach()) * len(x)
-        train_bpd = float(bits_per_dim(torch.tensor(-total / len(train)), 64, DIGITS_LEVELS))
-        if (epoch + 1) % 10 == 0 or epoch == 0 or epoch + 1 == args.epochs:
-            print(f"epoch {epoch + 1:3d}  train bits/dim {train_bpd:.3f}  ({time.perf_counter() - start:.1f} s)")
-        if args.time_budget is not None and time.perf_counter() - start > args.time_budget:
-            print(f"time budget of {args.time_budget:g} s reached after {epoch + 1} epochs")
-            break
-
-    bpd = test_bits_per_dim(model, test, draws=10, seed=args.seed + 1)
+    trainer = Trainer(model, MaximumLikelihood(levels=DIGITS_LEVELS), lr=args.lr, callbacks=[PrintMetrics(10)])
+    trainer.fit(train, epochs=args.epochs, batch_size=args.batch_size, time_budget=args.time_budget, seed=args.seed)
+    bpd = evaluate_log_likelihood(model, test, levels=DIGITS_LEVELS, draws=10, seed=args.seed + 1)["bits_per_dim"]
     args.out.mkdir(parents=True, exist_ok=True)
     picture = args.out / "samples.png"
     save_samples(model, picture)

@@ -2,8 +2,9 @@
 
 Two moons (scikit-learn's ``make_moons``, noise 0.05, standardised) is a bimodal 2D density with
 thin curved ridges: affine flows (MAF) blur it, spline flows (NSF) follow it. The script trains
-each model with Adam, prints the test log-likelihood, samples from the autoregressive NSF
-(``D`` sequential steps per layer) and writes a picture of the three densities.
+each model in :class:`flows.train.Trainer` (maximum likelihood, Adam, cosine learning rate),
+prints the test log-likelihood, samples from the autoregressive NSF (``D`` sequential steps per
+layer) and writes a picture of the three densities.
 
     python examples/fit_two_moons.py                       # ~1 minute, writes runs/two_moons/densities.png
     python examples/fit_two_moons.py --steps 20 --out /tmp/moons
@@ -18,6 +19,7 @@ from pathlib import Path
 import torch
 
 import flows
+from flows.train import Trainer
 
 
 def make_data(n: int, seed: int) -> torch.Tensor:
@@ -80,16 +82,15 @@ def main(argv: list[str] | None = None) -> dict[str, float]:
     trained = models(args.hidden)
     results = {}
     for name, flow in trained.items():
-        optimizer = torch.optim.Adam(flow.parameters(), lr=args.lr)
-        scheduler = torch.optim.lr_scheduler.CosineAnnealingLR(optimizer, args.steps)
+        trainer = Trainer(
+            flow,
+            lr=args.lr,
+            scheduler=lambda optimizer: torch.optim.lr_scheduler.CosineAnnealingLR(optimizer, args.steps),
+            scheduler_interval="step",
+            progress=False,
+        )
         start = time.perf_counter()
-        for _ in range(args.steps):
-            batch = train[torch.randint(len(train), (args.batch_size,))]
-            loss = -flow.log_prob(batch).mean()
-            optimizer.zero_grad(set_to_none=True)
-            loss.backward()
-            optimizer.step()
-            scheduler.step()
+        trainer.fit(train, batch_size=args.batch_size, max_steps=args.steps, seed=args.seed)
         with flows.evaluating(flow), torch.no_grad():
             results[name] = float(flow.log_prob(test).mean())
         print(f"{name:<22} test log-likelihood {results[name]:7.3f} nats  ({time.perf_counter() - start:.1f} s)")

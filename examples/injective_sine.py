@@ -17,7 +17,6 @@ from __future__ import annotations
 
 import argparse
 import math
-import time
 from collections.abc import Callable
 from pathlib import Path
 
@@ -25,32 +24,29 @@ import torch
 
 import flows
 from flows.data import SineManifold
+from flows.train import PrintMetrics, Trainer
+from flows.train.batching import split_batch
 
 
 def train(
     model: torch.nn.Module, loss_fn: Callable[[torch.Tensor], torch.Tensor], data: torch.Tensor, args, label: str
 ) -> None:
-    """Adam with a cosine schedule and gradient clipping, on minibatches drawn with replacement."""
-    optimizer = torch.optim.Adam(model.parameters(), lr=args.lr)
-    schedule = torch.optim.lr_scheduler.CosineAnnealingLR(optimizer, args.steps)
-    generator = torch.Generator().manual_seed(args.seed)
-    start = time.perf_counter()
-    model.train()
-    for step in range(args.steps):
-        batch = data[torch.randint(len(data), (args.batch_size,), generator=generator)]
-        loss = loss_fn(batch).mean()
-        optimizer.zero_grad(set_to_none=True)
-        loss.backward()
-        torch.nn.utils.clip_grad_norm_(model.parameters(), 10.0)
-        optimizer.step()
-        schedule.step()
-        if (step + 1) % max(1, args.steps // 5) == 0:
-            print(
-                f"  {label} step {step + 1:5d}  loss {float(loss.detach()):8.4f}  ({time.perf_counter() - start:.0f} s)"
-            )
-        if args.time_budget is not None and time.perf_counter() - start > args.time_budget:
-            print(f"  {label}: time budget of {args.time_budget:g} s reached after {step + 1} steps")
-            break
+    """In :class:`flows.train.Trainer`: Adam, a cosine schedule over the steps, gradient clipping at 10."""
+    epochs = math.ceil(args.steps / math.ceil(len(data) / args.batch_size))
+    print(f"  {label}:")
+    trainer = Trainer(
+        model,
+        lambda model, batch: loss_fn(split_batch(batch)[0]).mean(),
+        lr=args.lr,
+        scheduler=lambda optimizer: torch.optim.lr_scheduler.CosineAnnealingLR(optimizer, args.steps),
+        scheduler_interval="step",
+        clip_grad_norm=10.0,
+        callbacks=[PrintMetrics(max(1, epochs // 5))],
+        progress=False,
+    )
+    trainer.fit(data, batch_size=args.batch_size, max_steps=args.steps, time_budget=args.time_budget, seed=args.seed)
+    if trainer.step < args.steps:
+        print(f"  {label}: time budget of {args.time_budget:g} s reached after {trainer.step} steps")
 
 
 def save_picture(path: Path, manifold: SineManifold, data: torch.Tensor, samples: dict[str, torch.Tensor]) -> None:

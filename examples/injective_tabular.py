@@ -18,6 +18,10 @@ models (manifold density × isotropic normal noise across it, its variance fitte
 residuals) next to RealNVP's; a picture of samples in the plane of the two leading principal
 components.
 
+The training loop is written out rather than run by :class:`flows.train.Trainer`: every
+``--eval-every`` steps it scores the validation rows with a model-specific score (the exact
+on-manifold NLL, not the training loss) and keeps the best parameters, for all three models alike.
+
     python examples/injective_tabular.py                        # breast cancer, d = 10
     python examples/injective_tabular.py --dataset miniboone --latent 20
     python examples/injective_tabular.py --steps 50 --out /tmp/tabular

@@ -15,6 +15,10 @@ Models (same base N(0, I), same optimiser, best validation checkpoint, test NLL 
 * coupling flows: affine couplings with alternating masks, each preceded by a random permutation,
   an ``LULinear`` or a ``CirculantDiagonal`` mixer.
 
+The training loop is written out rather than run by :class:`flows.train.Trainer`: it validates
+every ``--eval-every`` steps (not once per pass over the data) and keeps the best parameters,
+with the same random mini-batches for every model.
+
     python examples/periodic_signals.py                       # n = 64, 512 training signals, ~2 min
     python examples/periodic_signals.py --train-size 4096     # more data
     python examples/periodic_signals.py --steps 50 --models cd-gaussian --out /tmp/ring

@@ -296,13 +296,14 @@ def test_the_loaders_return_labels_when_asked_and_the_same_images_either_way(tmp
 
 
 def test_the_benchmark_trains_a_noise_model_with_reverse_alignment_at_a_tiny_budget(capsys) -> None:
-    import runpy
     from pathlib import Path
+
+    from tests.scripts import run_script
 
     script = Path(__file__).resolve().parents[1] / "benchmarks" / "transformer_flows.py"
     threads = torch.get_num_threads()
     try:
-        main = runpy.run_path(str(script), run_name="benchmark")["main"]
+        main = run_script(str(script), run_name="benchmark")["main"]
         argv = ["--data", "digits", "--seconds", "0.5", "--patch", "4", "--blocks", "2", "--layers", "1"]
         argv += ["--width", "16", "--eval-images", "20", "--classify-images", "20", "--noise-std", "0.1"]
         argv += ["--align", "reverse", "--align-where=-1:0", "--encoder-seconds", "0.3", "--encoder-width", "8"]

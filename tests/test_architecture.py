@@ -20,6 +20,7 @@ LAYERS: dict[str, int] = {
     "_energy": 0,
     "_lazy": 0,
     "_malloc": 0,
+    "_kernels": 0,
     # 1: networks and base distributions
     "nn": 1,
     "distributions": 1,

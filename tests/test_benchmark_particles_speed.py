@@ -2,16 +2,16 @@
 
 from __future__ import annotations
 
-import runpy
 from pathlib import Path
 
 import pytest
 import torch
 
 from flows.particles import EGNN
+from tests.scripts import run_script
 
 F64 = torch.float64
-BENCH = runpy.run_path(str(Path(__file__).resolve().parents[1] / "benchmarks" / "particles.py"), run_name="bench")
+BENCH = run_script(str(Path(__file__).resolve().parents[1] / "benchmarks" / "particles.py"), run_name="bench")
 
 
 @pytest.fixture

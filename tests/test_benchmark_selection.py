@@ -6,23 +6,24 @@ training split and evaluates the test split once, for the chosen model only.
 
 from __future__ import annotations
 
-import runpy
 from pathlib import Path
 
 import torch
+
+from tests.scripts import run_script
 
 ROOT = Path(__file__).resolve().parents[1]
 
 
 def test_digits_selection_never_looks_at_the_test_split(capsys) -> None:
-    namespace = runpy.run_path(str(ROOT / "benchmarks" / "digits_density.py"), run_name="benchmark")
+    namespace = run_script(str(ROOT / "benchmarks" / "digits_density.py"), run_name="benchmark")
     main, evaluate = namespace["main"], namespace["test_bits_per_dim"]
     _, test = namespace["load_digits"](test_size=0.2, seed=0)
     scored: list[torch.Tensor] = []
 
-    def spy(model, data, draws, seed):
+    def spy(model, data, **options):
         scored.append(data)
-        return evaluate(model, data, draws, seed)
+        return evaluate(model, data, **options)
 
     main.__globals__["test_bits_per_dim"] = spy  # the function main and select_best call
     sizes = ["--hidden", "4", "--best-hidden", "6"]

@@ -2,14 +2,15 @@
 
 from __future__ import annotations
 
-import runpy
 from pathlib import Path
+
+from tests.scripts import run_script
 
 BENCHMARKS = Path(__file__).resolve().parents[1] / "benchmarks"
 
 
 def _main(name: str):
-    return runpy.run_path(str(BENCHMARKS / name), run_name="benchmark")["main"]
+    return run_script(str(BENCHMARKS / name), run_name="benchmark")["main"]
 
 
 def test_step_overhead_smoke(capsys) -> None:

@@ -2,10 +2,11 @@
 
 from __future__ import annotations
 
-import runpy
 from pathlib import Path
 
 import torch
+
+from tests.scripts import run_script
 
 BENCHMARKS = Path(__file__).resolve().parents[1] / "benchmarks"
 
@@ -13,7 +14,7 @@ BENCHMARKS = Path(__file__).resolve().parents[1] / "benchmarks"
 def test_injective_cost_smoke(capsys) -> None:
     threads = torch.get_num_threads()
     try:
-        main = runpy.run_path(str(BENCHMARKS / "injective.py"), run_name="benchmark")["main"]
+        main = run_script(str(BENCHMARKS / "injective.py"), run_name="benchmark")["main"]
         ratios = main(["--part", "cost", "--tiny", "--repeats", "1", "--inner", "1"])
     finally:
         torch.set_num_threads(threads)

@@ -2,10 +2,11 @@
 
 from __future__ import annotations
 
-import runpy
 from pathlib import Path
 
 import torch
+
+from tests.scripts import run_script
 
 BENCHMARKS = Path(__file__).resolve().parents[1] / "benchmarks"
 
@@ -15,7 +16,7 @@ def test_reliability_smoke(tmp_path, capsys) -> None:
     doc.write_text("# R\n\n<!-- reliability-table:begin -->\nold\n<!-- reliability-table:end -->\n\nafter\n")
     threads = torch.get_num_threads()
     try:
-        main = runpy.run_path(str(BENCHMARKS / "reliability.py"), run_name="benchmark")["main"]
+        main = run_script(str(BENCHMARKS / "reliability.py"), run_name="benchmark")["main"]
         counts = main(["--match", "api/affine/", "--markdown", "--doc", str(doc)])
     finally:
         torch.set_num_threads(threads)

@@ -2,10 +2,11 @@
 
 from __future__ import annotations
 
-import runpy
 from pathlib import Path
 
 import pytest
+
+from tests.scripts import run_script
 
 EXAMPLES = Path(__file__).resolve().parents[1] / "examples"
 
@@ -13,7 +14,7 @@ pytest.importorskip("sklearn", reason="the digits examples need scikit-learn (te
 
 
 def _main(name: str):
-    return runpy.run_path(str(EXAMPLES / name), run_name="example")["main"]
+    return run_script(str(EXAMPLES / name), run_name="example")["main"]
 
 
 def test_fit_digits_smoke(tmp_path: Path, capsys) -> None:

@@ -3,14 +3,15 @@
 from __future__ import annotations
 
 import math
-import runpy
 from pathlib import Path
+
+from tests.scripts import run_script
 
 ROOT = Path(__file__).resolve().parents[1]
 
 
 def _main(folder: str, name: str):
-    return runpy.run_path(str(ROOT / folder / name), run_name="example")["main"]
+    return run_script(str(ROOT / folder / name), run_name="example")["main"]
 
 
 def test_double_well_example_smoke(tmp_path: Path, capsys) -> None:

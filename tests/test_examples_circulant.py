@@ -3,16 +3,17 @@
 from __future__ import annotations
 
 import math
-import runpy
 from pathlib import Path
 
 import pytest
+
+from tests.scripts import run_script
 
 ROOT = Path(__file__).resolve().parents[1]
 
 
 def _main(path: str):
-    return runpy.run_path(str(ROOT / path), run_name="example")["main"]
+    return run_script(str(ROOT / path), run_name="example")["main"]
 
 
 def test_periodic_signals_smoke(tmp_path: Path, capsys) -> None:

@@ -4,11 +4,12 @@ from __future__ import annotations
 
 import math
 import os
-import runpy
 from pathlib import Path
 
 import pytest
 import torch
+
+from tests.scripts import run_script
 
 ROOT = Path(__file__).resolve().parents[1]
 
@@ -16,7 +17,7 @@ pytest.importorskip("sklearn", reason="the toy and table examples need scikit-le
 
 
 def _main(path: Path):
-    return runpy.run_path(str(path), run_name="example")["main"]
+    return run_script(str(path), run_name="example")["main"]
 
 
 @pytest.fixture(autouse=True)

@@ -3,11 +3,12 @@
 from __future__ import annotations
 
 import math
-import runpy
 from pathlib import Path
 
 import pytest
 import torch
+
+from tests.scripts import run_script
 
 ROOT = Path(__file__).resolve().parents[1]
 
@@ -20,7 +21,7 @@ def _restore_threads():
 
 
 def test_flow_maps_example_smoke(capsys) -> None:
-    main = runpy.run_path(str(ROOT / "examples" / "flow_maps.py"), run_name="example")["main"]
+    main = run_script(str(ROOT / "examples" / "flow_maps.py"), run_name="example")["main"]
     argv = ["--cnf-steps", "2", "--cnf-hidden", "8", "--steps", "3", "--rkl-steps", "3", "--transforms", "2"]
     argv += ["--hidden", "8", "--pairs", "300", "--val-pairs", "50", "--samples", "500", "--ot", "--ot-batch", "64"]
     argv += ["--timing-samples", "100", "--repeats", "1"]

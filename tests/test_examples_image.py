@@ -4,10 +4,11 @@ from __future__ import annotations
 
 import json
 import os
-import runpy
 from pathlib import Path
 
 import pytest
+
+from tests.scripts import run_script
 
 ROOT = Path(__file__).resolve().parents[1]
 
@@ -15,7 +16,7 @@ pytest.importorskip("sklearn", reason="the digits need scikit-learn (test extra)
 
 
 def _main(path: str):
-    return runpy.run_path(str(ROOT / path), run_name="example")["main"]
+    return run_script(str(ROOT / path), run_name="example")["main"]
 
 
 TINY = ["--steps", "1", "--hidden", "8", "--eval-every", "0.5", "--threads", "1", "--warmup", "5"]

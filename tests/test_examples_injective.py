@@ -3,17 +3,18 @@
 from __future__ import annotations
 
 import math
-import runpy
 from pathlib import Path
 
 import pytest
 import torch
 
+from tests.scripts import run_script
+
 EXAMPLES = Path(__file__).resolve().parents[1] / "examples"
 
 
 def _main(name: str):
-    return runpy.run_path(str(EXAMPLES / name), run_name="example")["main"]
+    return run_script(str(EXAMPLES / name), run_name="example")["main"]
 
 
 @pytest.fixture(autouse=True)

@@ -2,14 +2,15 @@
 
 from __future__ import annotations
 
-import runpy
 from pathlib import Path
+
+from tests.scripts import run_script
 
 ROOT = Path(__file__).resolve().parents[1]
 
 
 def _main(path: Path):
-    return runpy.run_path(str(path), run_name="smoke")["main"]
+    return run_script(str(path), run_name="smoke")["main"]
 
 
 def test_mcmc_mixture_example_smoke(tmp_path: Path, capsys) -> None:

@@ -4,10 +4,11 @@ from __future__ import annotations
 
 import math
 import os
-import runpy
 from pathlib import Path
 
 import pytest
+
+from tests.scripts import run_script
 
 ROOT = Path(__file__).resolve().parents[1]
 DATA = os.environ.get("FLOWS_DATA_DIR")
@@ -18,7 +19,7 @@ pytestmark = pytest.mark.skipif(
 
 
 def _main(folder: str, name: str):
-    return runpy.run_path(str(ROOT / folder / name), run_name="example")["main"]
+    return run_script(str(ROOT / folder / name), run_name="example")["main"]
 
 
 def test_particles_example_smoke(tmp_path: Path, capsys) -> None:

@@ -3,10 +3,11 @@
 from __future__ import annotations
 
 import math
-import runpy
 from pathlib import Path
 
 import pytest
+
+from tests.scripts import run_script
 
 ROOT = Path(__file__).resolve().parents[1]
 
@@ -14,7 +15,7 @@ pytest.importorskip("sklearn", reason="the examples and benchmarks need scikit-l
 
 
 def _main(path: str):
-    return runpy.run_path(str(ROOT / path), run_name="example")["main"]
+    return run_script(str(ROOT / path), run_name="example")["main"]
 
 
 def test_fit_two_moons_smoke(tmp_path: Path, capsys) -> None:

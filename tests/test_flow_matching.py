@@ -445,11 +445,11 @@ def test_cli_fit_with_flow_matching_on_a_cnf_and_refusal_for_other_models(tmp_pa
 
 
 def test_benchmark_smoke(capsys, tmp_path: Path) -> None:
-    import runpy
+    from tests.scripts import run_script
 
     pytest.importorskip("sklearn")
     path = Path(__file__).resolve().parents[1] / "benchmarks" / "flow_matching.py"
-    main = runpy.run_path(str(path), run_name="benchmark")["main"]
+    main = run_script(str(path), run_name="benchmark")["main"]
     argv = [
         "--budget",
         "0.3",

@@ -4,10 +4,11 @@ from __future__ import annotations
 
 import math
 import os
-import runpy
 from pathlib import Path
 
 import pytest
+
+from tests.scripts import run_script
 
 ROOT = Path(__file__).resolve().parents[1]
 
@@ -17,7 +18,7 @@ def test_boltzmann_alanine_example_smoke(tmp_path: Path, capsys) -> None:
     directory = os.environ.get("FLOWS_DATA_DIR")
     if not directory or not os.path.exists(os.path.join(directory, "aldp_vacuum_1000K_md.npz")):
         pytest.skip("FLOWS_DATA_DIR with the shared data is not set (CI sets it)")
-    main = runpy.run_path(str(ROOT / "examples" / "boltzmann_alanine.py"), run_name="example")["main"]
+    main = run_script(str(ROOT / "examples" / "boltzmann_alanine.py"), run_name="example")["main"]
     argv = ["--steps", "3", "--transforms", "2", "--hidden", "8", "--samples", "300", "--train-frames", "500"]
     result = main([*argv, "--out", str(tmp_path)])
     assert result["steps"] == 3 and result["n"] == 300

@@ -522,13 +522,14 @@ def test_the_bayes_classifier_of_a_tarflow_passes_class_indices() -> None:
 
 
 def test_the_benchmark_runs_end_to_end_at_a_tiny_budget(tmp_path, capsys) -> None:
-    import runpy
     from pathlib import Path
+
+    from tests.scripts import run_script
 
     script = Path(__file__).resolve().parents[1] / "benchmarks" / "transformer_flows.py"
     threads = torch.get_num_threads()
     try:
-        main = runpy.run_path(str(script), run_name="benchmark")["main"]
+        main = run_script(str(script), run_name="benchmark")["main"]
         argv = ["--data", "digits", "--seconds", "0.5", "--patch", "4", "--blocks", "2", "--layers", "1"]
         argv += ["--width", "16", "--eval-images", "50", "--classify-images", "20", "--out", str(tmp_path)]
         result = main(argv)

@@ -44,14 +44,11 @@ import torch
 from torch import Tensor
 
 from flows._energy import Energy
+from flows._kernels import _event_sum, hmc_proposal, metropolis_accept
 from flows._validation import check_count
 from flows.bijections.base import Bijection
 
 __all__ = ["HMCBlock", "LangevinBlock", "MetropolisBlock", "StochasticBlock"]
-
-
-def _event_sum(t: Tensor, event_ndim: int) -> Tensor:
-    return t.sum(dim=tuple(range(-event_ndim, 0))) if event_ndim else t
 
 
 class StochasticBlock(Bijection):
@@ -98,10 +95,14 @@ class StochasticBlock(Bijection):
         create_graph = torch.is_grad_enabled() and x.requires_grad
         return self.energy.energy_and_grad(x, create_graph=create_graph)
 
+    def _log_prob_and_grad(self, x: Tensor) -> tuple[Tensor, Tensor]:
+        """``(-u, -∇u)``: the log density of :math:`e^{-u}` up to a constant, and its gradient."""
+        u, g = self._energy_and_grad(x)
+        return -u, -g
+
     def _accept(self, log_ratio: Tensor, x: Tensor, y: Tensor) -> tuple[Tensor, Tensor]:
         """Metropolis test per sample: returns the new states and the boolean acceptance mask."""
-        u = torch.rand_like(log_ratio)
-        accept = u.log() < log_ratio.detach()
+        _, accept = metropolis_accept(log_ratio.detach())
         mask = accept.reshape(*accept.shape, *([1] * self._event_ndim))
         return torch.where(mask, y, x), accept
 
@@ -279,29 +280,26 @@ class HMCBlock(StochasticBlock):
         self.leapfrog_steps = leapfrog_steps
 
     def _move(self, x: Tensor) -> tuple[Tensor, Tensor]:
-        eps, nd = self.step_size, self._event_ndim
-        u_x, g_x = self._energy_and_grad(x)
-        u_start = u_x
+        nd = self._event_ndim
+        log_p, grad = self._log_prob_and_grad(x)
+        log_p_start = log_p
         accepted = torch.zeros((), dtype=x.dtype, device=x.device)
         for _ in range(self.steps):
-            v = torch.randn_like(x)
-            h_start = u_x + 0.5 * _event_sum(v.square(), nd)
-            y, g_y = x, g_x
-            v = v - 0.5 * eps * g_y
-            for i in range(self.leapfrog_steps):
-                y = y + eps * v
-                u_y, g_y = self._energy_and_grad(y)
-                if i < self.leapfrog_steps - 1:
-                    v = v - eps * g_y
-            v = v - 0.5 * eps * g_y
-            h_end = u_y + 0.5 * _event_sum(v.square(), nd)
-            log_ratio = torch.nan_to_num(h_start - h_end, nan=-math.inf)
+            y, log_p_y, grad_y, log_ratio = hmc_proposal(
+                x,
+                log_p,
+                grad,
+                self._log_prob_and_grad,
+                step_size=self.step_size,
+                steps=self.leapfrog_steps,
+                event_ndim=nd,
+            )
             x_new, accept = self._accept(log_ratio, x, y)
             mask = accept.reshape(*accept.shape, *([1] * nd))
-            u_x, g_x, x = torch.where(accept, u_y, u_x), torch.where(mask, g_y, g_x), x_new
+            log_p, grad, x = torch.where(accept, log_p_y, log_p), torch.where(mask, grad_y, grad), x_new
             accepted = accepted + accept.to(x.dtype).mean()
         self.last_acceptance = float(accepted / self.steps)
-        return x, u_x - u_start
+        return x, log_p_start - log_p  # u(out) - u(in)
 
     def extra_repr(self) -> str:
         return f"{super().extra_repr()}, leapfrog_steps={self.leapfrog_steps}"

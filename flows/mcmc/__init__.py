@@ -6,8 +6,9 @@ invariant and reports its acceptance in a :class:`StepInfo`; :func:`sample` runs
 :mod:`flows.metrics.mcmc`, plots in :mod:`flows.plot.mcmc`.
 """
 
+from flows._kernels import metropolis_accept
 from flows.mcmc.adaptation import DualAveraging
-from flows.mcmc.base import Kernel, State, StepInfo, metropolis_accept
+from flows.mcmc.base import Kernel, State, StepInfo
 from flows.mcmc.counting import CountingTarget
 from flows.mcmc.global_local import GlobalLocal
 from flows.mcmc.independent import IMH, ISIR, imh_log_ratio

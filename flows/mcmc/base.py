@@ -13,7 +13,7 @@ from flows._validation import format_shape, shapes_match
 from flows.flow import Flow, evaluating
 from flows.targets.base import EnergyTarget, as_target
 
-__all__ = ["FlowWatch", "Kernel", "State", "StepInfo", "metropolis_accept"]
+__all__ = ["FlowWatch", "Kernel", "State", "StepInfo"]
 
 
 @dataclass(frozen=True)
@@ -58,30 +58,6 @@ class StepInfo:
     accept_prob: Tensor
     accepted: Tensor
     extras: dict[str, Tensor] = field(default_factory=dict)
-
-
-def metropolis_accept(log_ratio: Tensor) -> tuple[Tensor, Tensor]:
-    r"""Metropolis–Hastings decision from the log acceptance ratio, per chain.
-
-    :math:`\alpha = \min(1, e^{r})`; a chain accepts when :math:`U < \alpha`, :math:`U \sim
-    \mathcal U(0, 1)`. A NaN ratio (a proposal with an undefined energy) is rejected with
-    :math:`\alpha = 0`.
-
-    Args:
-        log_ratio: :math:`r`, shape ``(chains,)``.
-
-    Returns:
-        ``(accept_prob, accepted)``, both ``(chains,)``.
-
-    Example:
-        >>> import torch
-        >>> prob, accepted = metropolis_accept(torch.tensor([0.0, float("-inf"), float("nan")]))
-        >>> prob.tolist(), accepted.tolist()
-        ([1.0, 0.0, 0.0], [True, False, False])
-    """
-    accept_prob = torch.exp(log_ratio.clamp(max=0.0))
-    accepted = torch.rand_like(accept_prob) < accept_prob  # False for NaN
-    return accept_prob.nan_to_num_(0.0), accepted
 
 
 def _select(mask: Tensor, new: Tensor, old: Tensor) -> Tensor:

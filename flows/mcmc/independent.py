@@ -10,8 +10,9 @@ from __future__ import annotations
 import torch
 from torch import Tensor
 
+from flows._kernels import metropolis_accept
 from flows.flow import Flow
-from flows.mcmc.base import FlowWatch, Kernel, State, StepInfo, _select, check_flow_matches, metropolis_accept
+from flows.mcmc.base import FlowWatch, Kernel, State, StepInfo, _select, check_flow_matches
 from flows.targets.base import EnergyTarget
 
 __all__ = ["IMH", "ISIR", "imh_log_ratio"]

@@ -7,8 +7,9 @@ import math
 import torch
 from torch import Tensor
 
+from flows._kernels import hmc_proposal, metropolis_accept
 from flows.mcmc.adaptation import DualAveraging
-from flows.mcmc.base import Kernel, State, StepInfo, _keep_rejected, metropolis_accept
+from flows.mcmc.base import Kernel, State, StepInfo, _keep_rejected
 from flows.targets.base import EnergyTarget
 
 __all__ = ["HMC", "MALA", "RandomWalk"]
@@ -17,11 +18,6 @@ __all__ = ["HMC", "MALA", "RandomWalk"]
 def _row_sum(t: Tensor) -> Tensor:
     """Sum over each chain's event, ``(chains,)``."""
     return t.reshape(t.shape[0], -1).sum(-1)
-
-
-def _dot(u: Tensor, v: Tensor) -> Tensor:
-    """Inner product of each chain's events, ``(chains,)``."""
-    return _row_sum(u * v)
 
 
 class _StepSizeKernel(Kernel):
@@ -233,15 +229,15 @@ class HMC(_GradientKernel):
 
     def step(self, state: State, *, adapt: bool = False) -> tuple[State, StepInfo]:
         state = self._with_grad(state)
-        eps = float(self.step_size)
-        momentum0 = torch.randn_like(state.x)
-        p = torch.add(momentum0, state.grad, alpha=0.5 * eps)
-        y = state.x
-        for i in range(self.leapfrog_steps):
-            y = torch.add(y, p, alpha=eps)
-            log_prob_y, grad_y = self._log_prob_and_grad(y)
-            p = p.add_(grad_y, alpha=eps if i < self.leapfrog_steps - 1 else 0.5 * eps)
-        log_ratio = (log_prob_y - state.log_prob) - 0.5 * (_dot(p, p) - _dot(momentum0, momentum0))
+        y, log_prob_y, grad_y, log_ratio = hmc_proposal(
+            state.x,
+            state.log_prob,
+            state.grad,
+            self._log_prob_and_grad,
+            step_size=float(self.step_size),
+            steps=self.leapfrog_steps,
+            event_ndim=state.x.dim() - 1,
+        )
         accept_prob, accepted = metropolis_accept(log_ratio)
         new = State(
             _keep_rejected(accepted, y, state.x),

@@ -10,7 +10,7 @@
   (conditional flow matching with noise level σ, independent or minibatch-OT couplings);
 * regression onto latent–data pairs (:mod:`flows.train.regression`): :class:`PairRegression`
   (FORT / RegFlow; pairs from :mod:`flows.train.pairs`);
-* callbacks: :class:`EarlyStopping`, :class:`MetricsLogger`, :class:`PrintMetrics`;
+* callbacks: :class:`EarlyStopping`, :class:`MetricsLogger`, :class:`PrintMetrics`, :class:`RecordNFE`;
 * checkpoints: :func:`save_checkpoint`, :func:`load_checkpoint`, :func:`save_model`,
   :func:`load_model`, model configs (:func:`model_config`, :func:`build_model`,
   :func:`register_model`);
@@ -21,7 +21,7 @@
 
 from flows.train._lock import RunLockedError
 from flows.train.alignment import RepresentationAlignment
-from flows.train.callbacks import Callback, EarlyStopping, MetricsLogger, PrintMetrics
+from flows.train.callbacks import Callback, EarlyStopping, MetricsLogger, PrintMetrics, RecordNFE
 from flows.train.checkpoint import (
     Checkpoint,
     CheckpointError,
@@ -64,6 +64,7 @@ __all__ = [
     "Objective",
     "PairRegression",
     "PrintMetrics",
+    "RecordNFE",
     "RepresentationAlignment",
     "ReverseKL",
     "RunLockedError",

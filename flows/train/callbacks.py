@@ -22,12 +22,13 @@ from collections.abc import Iterator
 from pathlib import Path
 from typing import TYPE_CHECKING, Any, TextIO
 
+from flows.bijections.continuous import total_nfe
 from flows.train.guard import TrainingWarning
 
 if TYPE_CHECKING:  # pragma: no cover
     from flows.train.trainer import Trainer
 
-__all__ = ["Callback", "EarlyStopping", "MetricsLogger", "PrintMetrics", "bar_output", "progress_bar"]
+__all__ = ["Callback", "EarlyStopping", "MetricsLogger", "PrintMetrics", "RecordNFE", "bar_output", "progress_bar"]
 
 
 class Callback:
@@ -251,6 +252,40 @@ class PrintMetrics(Callback):
         tqdm.write(
             f"epoch {epoch:4d}  " + "  ".join(parts) + f"  ({record['time']:.1f} s)", file=self.stream or sys.stdout
         )
+
+
+class RecordNFE(Callback):
+    """Put the mean number of field evaluations (NFE) of the epoch's training solves into its record, as ``nfe``.
+
+    After every step it reads :func:`flows.bijections.total_nfe` of the model (the evaluations of
+    the last forward solve of every :class:`~flows.bijections.CNF` in it); at the end of an epoch
+    it writes their mean into the epoch's record, which the callbacks listed after it see
+    (:class:`PrintMetrics`, :class:`MetricsLogger`), and appends it to :attr:`means`. Useful to
+    watch a regulariser (RNODE) or a tolerance make the dynamics cheaper.
+
+    Example:
+        >>> import torch
+        >>> from flows import FFJORD
+        >>> from flows.train import Trainer
+        >>> nfe = RecordNFE()
+        >>> trainer = Trainer(FFJORD(2, hidden=(8,)), progress=False, callbacks=[nfe])
+        >>> _ = trainer.fit(torch.randn(32, 2), epochs=2, batch_size=16)
+        >>> len(nfe.means), nfe.means[-1] > 0
+        (2, True)
+    """
+
+    def __init__(self) -> None:
+        self.counts: list[int] = []
+        self.means: list[float] = []
+
+    def on_step_end(self, trainer: Trainer, metrics: dict[str, float]) -> None:
+        self.counts.append(total_nfe(trainer.model))
+
+    def on_epoch_end(self, trainer: Trainer, record: dict[str, float]) -> None:
+        if self.counts:
+            record["nfe"] = sum(self.counts) / len(self.counts)
+            self.means.append(record["nfe"])
+        self.counts = []
 
 
 def progress_bar(

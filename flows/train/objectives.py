@@ -56,6 +56,7 @@ from torch import Tensor, nn
 
 from flows._validation import check_objective_batch
 from flows.data.dequantization import uniform_dequantize
+from flows.metrics.density import bits_per_dim
 from flows.train.batching import batch_size_of, split_batch
 
 __all__ = [
@@ -204,8 +205,7 @@ class MaximumLikelihood(Objective):
         if self.levels is None:
             return loss
         dims = math.prod(x.shape[1:])
-        bpd = (loss.detach() / dims + math.log(self.levels)) / math.log(2)
-        return loss, {"bits_per_dim": bpd}
+        return loss, {"bits_per_dim": bits_per_dim(-loss.detach(), dims, self.levels)}
 
     def evaluate(self, model: nn.Module, batches: Iterable[object]) -> dict[str, float]:
         if self.levels is None and not self._noise(model):

@@ -36,6 +36,7 @@ from flows.bijections.standardize import Standardize
 from flows.data.dataset import Dataset, load_dataset
 from flows.data.dequantization import uniform_dequantize
 from flows.flow import evaluating
+from flows.metrics.density import bits_per_dim
 from flows.train._atomic import atomic_write_text
 from flows.train.checkpoint import load_model, read_checkpoint_header
 from flows.train.config import build_model, model_config
@@ -205,5 +206,5 @@ def evaluate_log_likelihood(
     }
     if levels is not None:
         dims = math.prod(x.shape[1:])
-        result["bits_per_dim"] = -(result["log_likelihood"] - dims * math.log(levels)) / (dims * math.log(2))
+        result["bits_per_dim"] = float(bits_per_dim(per_sample.mean(), dims, levels))
     return result
