@@ -68,30 +68,37 @@ def _check_options(builder_name: str, options: list[tuple[str, object]], objecti
             if takes_any:
                 continue
             raise ValueError(f"--option {key}=...: expected one of {builder_name}'s options {names}, got {key!r}")
-        if isinstance(value, float) and not math.isfinite(value):
-            raise ValueError(f"--option {key}={value}: expected a finite number, got {value}")
-        annotation = parameters[key].annotation
-        text = annotation if isinstance(annotation, str) else getattr(annotation, "__name__", str(annotation))
-        kinds = {part.strip() for part in text.split("|")}
-        accepted = {
-            "float": lambda v: isinstance(v, (int, float)) and not isinstance(v, bool),
-            "int": lambda v: isinstance(v, int) and not isinstance(v, bool),
-            "bool": lambda v: isinstance(v, bool),
-            "str": lambda v: isinstance(v, str),
-            "None": lambda v: v is None,
-        }
-        if not kinds <= set(accepted):
-            if any(word in text for word in ("Callable", "type[", "Module", "Generator", "Flow")):
-                raise ValueError(
-                    f"--option {key}: expected a plain value (number, string, bool, null), but {builder_name} takes "
-                    f"a Python object there ({text}); set {key} from Python"
-                )
-            continue
-        if not any(accepted[k](value) for k in kinds):
-            wanted = " or ".join(sorted("null" if k == "None" else k for k in kinds))
-            default = parameters[key].default
-            example = f" such as {key}={json.dumps(default)}" if default is not inspect.Parameter.empty else ""
-            raise ValueError(f"--option {key}: expected {wanted}{example}, got {value!r}")
+        _check_option_value(builder_name, key, value, parameters[key])
+
+
+def _check_option_value(builder_name: str, key: str, value: object, parameter) -> None:
+    """The value of ``--option KEY=VALUE`` has the type the builder's annotation of ``KEY`` names."""
+    import inspect
+
+    if isinstance(value, float) and not math.isfinite(value):
+        raise ValueError(f"--option {key}={value}: expected a finite number, got {value}")
+    annotation = parameter.annotation
+    text = annotation if isinstance(annotation, str) else getattr(annotation, "__name__", str(annotation))
+    kinds = {part.strip() for part in text.split("|")}
+    accepted = {
+        "float": lambda v: isinstance(v, (int, float)) and not isinstance(v, bool),
+        "int": lambda v: isinstance(v, int) and not isinstance(v, bool),
+        "bool": lambda v: isinstance(v, bool),
+        "str": lambda v: isinstance(v, str),
+        "None": lambda v: v is None,
+    }
+    if not kinds <= set(accepted):
+        if any(word in text for word in ("Callable", "type[", "Module", "Generator", "Flow")):
+            raise ValueError(
+                f"--option {key}: expected a plain value (number, string, bool, null), but {builder_name} takes "
+                f"a Python object there ({text}); set {key} from Python"
+            )
+        return
+    if not any(accepted[k](value) for k in kinds):
+        wanted = " or ".join(sorted("null" if k == "None" else k for k in kinds))
+        default = parameter.default
+        example = f" such as {key}={json.dumps(default)}" if default is not inspect.Parameter.empty else ""
+        raise ValueError(f"--option {key}: expected {wanted}{example}, got {value!r}")
 
 
 @dataclass
