@@ -14,7 +14,7 @@ from __future__ import annotations
 
 import argparse
 import os
-from collections.abc import Callable, Iterable
+from collections.abc import Iterable
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -408,9 +408,10 @@ def check_objective_flags(args: argparse.Namespace, flags: Iterable[FitFlag] = F
         ValueError: naming the flags and the objective (or the flag) that would ignore them.
     """
     changed = [f for f in flags if f.objective is not None and getattr(args, f.name) != f.default]
-    given: Callable[[list[FitFlag]], str] = lambda found: ", ".join(  # noqa: E731
-        f"{f.option} {getattr(args, f.name)}" for f in found
-    )
+
+    def given(found: list[FitFlag]) -> str:
+        return ", ".join(f"{f.option} {getattr(args, f.name)}" for f in found)
+
     for objective, word in OBJECTIVES.items():
         ignored = [f for f in changed if f.objective == objective]
         if ignored and args.objective != objective:

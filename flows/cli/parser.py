@@ -30,6 +30,7 @@ class _Parser(argparse.ArgumentParser):
 
 
 def _parser() -> argparse.ArgumentParser:
+    """The ``flows`` parser: one sub-parser per command of :data:`flows.cli.commands.COMMANDS`."""
     parser = _Parser(
         prog="flows",
         description=_COMMAND_SUMMARY,
@@ -44,6 +45,13 @@ def _parser() -> argparse.ArgumentParser:
     sub = parser.add_subparsers(dest="command", metavar="COMMAND")
     sub.required = True
 
+    for add in (_fit_options, _eval_options, _sample_options, _check_options, _models_options):
+        add(sub)
+    return parser
+
+
+def _fit_options(sub: argparse._SubParsersAction) -> None:
+    """``flows fit``: its flags are the table :data:`flows.cli.fit_flags.FIT_FLAGS`."""
     fit = sub.add_parser(
         "fit",
         help="train a flow on data and write a run directory",
@@ -54,6 +62,9 @@ def _parser() -> argparse.ArgumentParser:
     )
     add_fit_flags(fit)
 
+
+def _eval_options(sub: argparse._SubParsersAction) -> None:
+    """``flows eval RUN``."""
     ev = sub.add_parser("eval", help="test log-likelihood (and bits/dim) of a trained run")
     ev.add_argument("run", type=Path, help="run directory or model.ckpt")
     ev.add_argument("--split", choices=("test", "val", "train"), default="test")
@@ -71,6 +82,9 @@ def _parser() -> argparse.ArgumentParser:
         help="evaluate even if the data no longer matches the run's recorded fingerprint (warns)",
     )
 
+
+def _sample_options(sub: argparse._SubParsersAction) -> None:
+    """``flows sample RUN``."""
     sample = sub.add_parser("sample", help="draw samples to .npy and a picture")
     sample.add_argument("run", type=Path, help="run directory or model.ckpt")
     sample.add_argument(
@@ -83,6 +97,9 @@ def _parser() -> argparse.ArgumentParser:
         "--overwrite", action="store_true", help="replace earlier samples instead of numbering new ones"
     )
 
+
+def _check_options(sub: argparse._SubParsersAction) -> None:
+    """``flows check RUN``."""
     check = sub.add_parser("check", help="run flows.testing.check_bijection on every layer of a trained model")
     check.add_argument("run", type=Path, help="run directory or model.ckpt")
     check.add_argument(
@@ -99,5 +116,7 @@ def _parser() -> argparse.ArgumentParser:
         help="check on the data even if it no longer matches the run's recorded fingerprint (warns)",
     )
 
+
+def _models_options(sub: argparse._SubParsersAction) -> None:
+    """``flows models``."""
     sub.add_parser("models", help="list the model builders that --model accepts")
-    return parser
