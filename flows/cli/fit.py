@@ -16,17 +16,12 @@ from typing import TYPE_CHECKING, Any
 import torch
 
 from flows.cli._common import _check_writable_directory, _pictures, _verify_fingerprint
-from flows.cli.fit_flags import check_objective_flags, data_spec, resume_policy, run_settings
+from flows.cli.fit_flags import OBJECTIVE_OPTIONS, check_objective_flags, data_spec, resume_policy, run_settings
 
 if TYPE_CHECKING:
     from flows.train.history import History
 
-__all__ = ["fit"]
-
-
-#: Builder options that only the named objective uses. Flow matching regresses the field directly and never solves
-#: the ODE in training, so the RNODE penalties (``kinetic``, ``jacobian``) and the adjoint method would be ignored.
-OBJECTIVE_OPTIONS: dict[str, tuple[str, ...]] = {"ml": ("kinetic", "jacobian", "adjoint"), "fm": ()}
+__all__ = ["OBJECTIVE_OPTIONS", "fit"]
 
 
 def _check_options(builder_name: str, options: list[tuple[str, object]], objective: str = "ml") -> None:

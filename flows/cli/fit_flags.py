@@ -24,6 +24,7 @@ from flows.cli._types import _MAX_LAYERS, _MAX_SEED, _hidden, _integer, _option,
 __all__ = [
     "FIT_FLAGS",
     "OBJECTIVES",
+    "OBJECTIVE_OPTIONS",
     "FitFlag",
     "add_fit_flags",
     "check_objective_flags",
@@ -36,6 +37,11 @@ __all__ = [
 
 #: The objectives of ``--objective`` and the words their flags are called by in messages.
 OBJECTIVES: dict[str, str] = {"ml": "maximum-likelihood", "fm": "flow-matching"}
+
+#: Builder options (``--option KEY=VALUE``) that only the named objective uses. Flow matching regresses the field
+#: directly and never solves the ODE in training, so the RNODE penalties (``kinetic``, ``jacobian``) and the adjoint
+#: method would be ignored.
+OBJECTIVE_OPTIONS: dict[str, tuple[str, ...]] = {"ml": ("kinetic", "jacobian", "adjoint"), "fm": ()}
 
 
 @dataclass(frozen=True)
