@@ -74,11 +74,15 @@ class Inverted(tdt.Transform):
 def copyable(t: tdt.Transform) -> tdt.Transform:
     """``t`` with every torch ``_InverseTransform`` replaced by :class:`Inverted`, caching off where it can be.
 
-    A transform that is also an ``nn.Module`` (Pyro's ``TransformModule``) is kept as it is: it
-    cannot be rebuilt with another cache size, and its own cache is keyed on the identity of its
-    last input, so it is never stale.
+    A transform that is also an ``nn.Module`` (Pyro's ``TransformModule``) cannot be rebuilt with
+    another cache size: its cache (and its members') is switched off in place. Left on, it is keyed
+    on the identity of the last input, so a training loop scoring the same data tensor every step
+    would get the first step's output (and graph) back.
     """
     if isinstance(t, nn.Module):
+        for part in t.modules():
+            if isinstance(part, tdt.Transform) and part._cache_size:
+                part._cache_size, part._cached_x_y = 0, (None, None)
         return t
     if isinstance(t, tdt._InverseTransform):
         return Inverted(copyable(t.inv))
