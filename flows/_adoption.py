@@ -102,6 +102,9 @@ def _walk(obj: object, path: str, seen: set[int], slots: list[Slot], modules: li
     seen.add(id(obj))
     if isinstance(obj, nn.Module):
         modules.append(obj)
+        for key, value in vars(obj).items():  # a module held in a partial (Pyro's conditioned transforms)
+            if isinstance(value, (functools.partial, types.MethodType)):
+                _walk(value, f"{path}_{key}", seen, slots, modules)
         return
     if isinstance(obj, functools.partial):
         for i, part in enumerate((obj.func, *obj.args, *obj.keywords.values())):
@@ -155,8 +158,9 @@ def adopt(owner: nn.Module, obj: object, who: str, path: str = "t") -> list[Slot
             owner.register_buffer(name, value.detach().clone())
         registered[id(value)] = name
         kept.append((holder, key, name))
+    held = {id(m) for m in owner.modules()}
     for i, module in enumerate(modules):
-        if module is not owner:
+        if id(module) not in held:
             owner.add_module(f"{path}_module{i}", module)
     point_at(owner, kept)
     return kept

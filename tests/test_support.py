@@ -134,6 +134,9 @@ def test_a_pyro_transform_module_is_accepted_and_its_parameters_train() -> None:
     assert after < before - 0.2
     assert flow.sample((3,)).shape == (3, 2)
     assert len(list(flows.TorchTransform(pyro_transforms.Spline(2), 2).parameters())) == 4
+    conditional = pyro_transforms.conditional_affine_autoregressive(2, 3, hidden_dims=[8])
+    fixed = flows.TorchTransform(conditional.condition(torch.randn(3)), 2)  # its network sits in a partial
+    assert {id(p) for p in fixed.parameters()} == {id(p) for p in conditional.parameters()}
 
 
 def test_a_transform_with_an_nn_parameter_keeps_it_trainable() -> None:

@@ -15,7 +15,7 @@ from collections.abc import Sequence
 
 import torch
 import torch.distributions.transforms as tdt
-from torch import Tensor, nn
+from torch import Tensor
 from torch.distributions import constraints
 
 from flows._adoption import adopt, copyable, modules_inside, point_at, untracked_leaves
@@ -113,13 +113,12 @@ class TorchTransform(Bijection):
                 f"TorchTransform: expected a transform that keeps the event shape {shape}, "
                 f"got one that maps it to {tuple(transform.forward_shape(shape))}"
             )
-        modules = [transform] if isinstance(transform, nn.Module) else []
         problem = _probe_bijective(transform, shape, _module_dtype(transform))
         if problem is not None:
             text = " ".join(str(transform).split())  # a composition's repr spans lines
             raise ValueError(f"TorchTransform: expected a bijective transform, got {text} with {problem}")
         self.transform = copyable(transform)  # a Pyro TransformModule: registered as the submodule `transform`
-        self._slots = [] if modules else adopt(self, self.transform, "TorchTransform")
+        self._slots = adopt(self, self.transform, "TorchTransform")
         self._check_owned(shape)
 
     def _check_owned(self, shape: tuple[int, ...]) -> None:
