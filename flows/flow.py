@@ -163,8 +163,9 @@ class Flow(nn.Module):
             )
         if not shapes_match(transform.event_shape_out, base.event_shape):
             raise ValueError(
-                f"Flow: the transform outputs events of shape {format_shape(transform.event_shape_out)} "
-                f"but the base distribution has event shape {format_shape(base.event_shape)}"
+                f"Flow: expected a base distribution of the transform's output event shape: the transform outputs "
+                f"events of shape {format_shape(transform.event_shape_out)} but the base distribution has event "
+                f"shape {format_shape(base.event_shape)}"
             )
         if context is not None:
             check_count("Flow", "context", context, minimum=0)

@@ -274,6 +274,8 @@ def test_a_mixture_a_transformed_distribution_and_a_flow_are_bases() -> None:
         assert flow.sample((3,)).shape == (3, 2)
         twin = copy.deepcopy(flow).double()
         assert torch.allclose(twin.log_prob(x.double()).float(), flow.log_prob(x), atol=1e-4)
+    held = flows.TorchDistribution(mixture)  # held bases validate nothing: NaN stays NaN, as for rebuilt ones
+    assert torch.isnan(held.log_prob(torch.tensor([[float("nan"), 0.0]]))).all()
     flow = flows.Flow(flows.Affine(2), inner())
     assert {id(p) for p in inner.parameters()} <= {id(p) for p in flow.parameters()}  # the inner flow trains too
     with pytest.raises(TypeError, match=r"real support.*NormalizingFlow with support None"):  # zuko's declares none

@@ -52,6 +52,17 @@ def _composite(d: td.Distribution) -> bool:
     )
 
 
+def _no_validation(d: object) -> None:
+    """Switch argument validation off in ``d`` and the distributions inside it (the base checks its support)."""
+    if isinstance(d, td.Distribution):
+        d._validate_args = False
+        for value in vars(d).values():
+            _no_validation(value)
+    elif isinstance(d, (list, tuple)):
+        for value in d:
+            _no_validation(value)
+
+
 def _real_support(support: constraints.Constraint) -> bool:
     """Whether ``support`` is the whole real space: ``real``, ``real_vector`` or ``independent(real, k)``."""
     while isinstance(support, (constraints.independent, constraints.MixtureSameFamilyConstraint)):
@@ -148,14 +159,10 @@ class TorchDistribution(Distribution):
         self.family = type(inner)
         self._held: td.Distribution | None = None
         self._slots: list = []
-        if _composite(inner):  # held as it is; its tensors become buffers, its modules submodules
-            if isinstance(inner, td.TransformedDistribution):  # torch's inverse transforms break copy.deepcopy
-                inner.transforms = [copyable(t) for t in inner.transforms]
-            self._slots = adopt(self, inner, "TorchDistribution", path="d")
-            self._held, self._names = inner, []
-            self._reinterpreted = len(inner.batch_shape)
-            return
         arguments = _tensor_arguments(inner)
+        if not arguments and _composite(inner):  # held as it is; its tensors become buffers, its modules submodules
+            self._hold(inner)
+            return
         self._names = sorted(arguments)
         for name in self._names:
             value = arguments[name]
@@ -171,6 +178,15 @@ class TorchDistribution(Distribution):
                 f"{self._names}, got {type(inner).__name__}: {error}"
             ) from error
         self._reinterpreted = len(rebuilt.batch_shape)
+
+    def _hold(self, inner: td.Distribution) -> None:
+        """Keep a composite distribution as it is (argument validation off, as for rebuilt ones)."""
+        if isinstance(inner, td.TransformedDistribution):  # torch's inverse transforms break copy.deepcopy
+            inner.transforms = [copyable(t) for t in inner.transforms]
+        _no_validation(inner)
+        self._slots = adopt(self, inner, "TorchDistribution", path="d")
+        self._held, self._names = inner, []
+        self._reinterpreted = len(inner.batch_shape)
 
     def _apply(self, fn, recurse: bool = True):
         # .to()/.double() replace the buffers; a held distribution must use the new tensors.
