@@ -6,7 +6,8 @@ per-``domain.event_dim``) ``log_abs_det_jacobian(x, y)``. Wrapped, they follow t
 contract: ``forward_and_log_det`` returns ``(t(x), ladj)`` with the log-determinant summed over the
 whole event, ``inverse_and_log_det`` returns ``(t.inv(z), -ladj(x, z))``. Tensor attributes of the
 transform (an ``AffineTransform``'s ``loc`` and ``scale``) become buffers, so they move with
-``.to()``/``.double()`` and are saved in ``state_dict()``.
+``.to()``/``.double()`` and are saved in ``state_dict()``. :class:`BijectionTransform` goes the other
+way: any flows layer as a torch transform (``Bijection.as_torch_transform()``).
 """
 
 from __future__ import annotations
@@ -72,16 +73,28 @@ class TorchTransform(Bijection):
     by the wrapper's buffers, which hold the same values. It must be bijective and keep the event shape
     (``forward_shape(event) == event``).
 
+    What the transform computes with becomes the wrapper's: ``nn.Parameter`` attributes stay
+    parameters, and modules among its attributes (also inside ``functools.partial`` objects and
+    bound methods, as zuko's transforms hold their hyper-networks) become submodules; a Pyro
+    ``TransformModule`` is itself the submodule ``transform`` (its identity cache switched off). So
+    an optimiser of the flow trains them and ``state_dict()`` holds them. ``domain`` and
+    ``codomain`` are the transform's over the whole event; inputs outside them are refused
+    (torch's Sigmoid inverse would clamp them), and a :class:`~flows.Flow` with this layer in front
+    has that domain as its ``support`` (``log_prob`` is ``-inf`` outside).
+
     Args:
         transform: e.g. ``ComposeTransform([AffineTransform(0.0, 2.0), TanhTransform()])``.
         event_shape: shape of one event; at least ``transform.domain.event_dim`` dimensions.
 
     Raises:
-        TypeError: for something that is not a ``torch.distributions.transforms.Transform``.
+        TypeError: for something that is not a ``torch.distributions.transforms.Transform``, or a
+            tensor attribute computed from trainable tensors (it would be frozen).
         ValueError: for a non-bijective transform (``bijective=False``, or one that fails the probe
             at two points of its domain: a non-finite log-determinant or ``t.inv(t(x)) != x``, as
             ``PowerTransform(0.)`` does), one that changes the event shape, or an event shape with
-            fewer dimensions than the transform's own event dimension.
+            fewer dimensions than the transform's own event dimension; in the fused methods, finite
+            inputs outside the (co)domain; at construction, a transform that computes with trainable
+            tensors held where the wrapper cannot find them (a closure).
 
     Example:
         >>> import torch
