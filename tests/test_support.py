@@ -56,6 +56,15 @@ def test_minus_inf_outside_keeps_batches_and_finite_gradients() -> None:
     assert torch.isfinite(x.grad).all() and (x.grad[1, 2] == 0).all()
 
 
+def test_maximum_likelihood_refuses_training_data_outside_the_support() -> None:
+    from flows.train import MaximumLikelihood
+
+    heavy = _heavy()
+    assert torch.isfinite(MaximumLikelihood()(heavy, (torch.rand(4, 2),)))
+    with pytest.raises(ValueError, match=r"MaximumLikelihood: expected data inside the model's support .* row 2"):
+        MaximumLikelihood()(heavy, (torch.tensor([[0.5, 0.5], [0.2, 0.3], [1.5, 0.5]]),))
+
+
 def test_the_layer_itself_refuses_inputs_outside_its_domain() -> None:
     layer = flows.TorchTransform(T.SigmoidTransform().inv, 2)
     with pytest.raises(ValueError, match=r"expected inputs in its .*Interval.*batch index \(1,\)"):
