@@ -54,6 +54,8 @@ def test_minus_inf_outside_keeps_batches_and_finite_gradients() -> None:
     assert log_p.shape == (3, 4) and log_p[1, 2] == -torch.inf and torch.isfinite(log_p[0]).all()
     log_p[torch.isfinite(log_p)].sum().backward()
     assert torch.isfinite(x.grad).all() and (x.grad[1, 2] == 0).all()
+    assert heavy.log_prob(torch.empty(0, 2)).shape == (0,)  # torch's Independent(StudentT) crashed on it
+    assert heavy.log_prob(torch.empty(3, 0, 2)).shape == (3, 0)
 
 
 def test_maximum_likelihood_refuses_training_data_outside_the_support() -> None:

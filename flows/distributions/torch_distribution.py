@@ -208,6 +208,9 @@ class TorchDistribution(Distribution):
 
     def log_prob(self, x: Tensor, context: Tensor | None = None) -> Tensor:
         check_event(x, self.event_shape, type(self).__name__)
+        batch = x.shape[: x.dim() - len(self.event_shape)]
+        if not batch.numel():  # torch's Independent cannot reshape an empty batch ([0, -1] is ambiguous)
+            return x.sum(tuple(range(len(batch), x.dim()))) if self.event_shape else x.clone()
         d = self.distribution()
         log_p = d.log_prob(x)
         n = len(self.event_shape) - self.support.event_dim  # event dims the support's check leaves per entry
