@@ -35,7 +35,7 @@ from flows._validation import (
     format_shape,
     shapes_match,
 )
-from flows.bijections.base import Bijection, Chain
+from flows.bijections.base import Bijection, Chain, inside, is_real
 from flows.bijections.standardize import Standardize
 from flows.distributions import Distribution, TorchDistribution
 
@@ -163,8 +163,9 @@ class Flow(nn.Module):
             )
         if not shapes_match(transform.event_shape_out, base.event_shape):
             raise ValueError(
-                f"Flow: the transform outputs events of shape {format_shape(transform.event_shape_out)} "
-                f"but the base distribution has event shape {format_shape(base.event_shape)}"
+                f"Flow: expected a base distribution of the transform's output event shape: the transform outputs "
+                f"events of shape {format_shape(transform.event_shape_out)} but the base distribution has event "
+                f"shape {format_shape(base.event_shape)}"
             )
         if context is not None:
             check_count("Flow", "context", context, minimum=0)
@@ -273,8 +274,38 @@ class Flow(nn.Module):
             TypeError: for a dtype or device different from the flow's.
         """
         check_flow_inputs(self, x, context)  # the one input check, shared with the training objectives
-        z, ladj = self.transform.forward_and_log_det(x, context)
-        return self.base.log_prob(z, context) + ladj
+        support = self.support
+        if is_real(support):
+            z, ladj = self.transform.forward_and_log_det(x, context)
+            return self.base.log_prob(z, context) + ladj
+        return self._bounded_log_prob(x, context, support)
+
+    @property
+    def support(self) -> td.constraints.Constraint:
+        """Where the density lives: the domain of the transform's data-side layer (the real space unless bounded).
+
+        A :class:`~flows.Logit` layer, Glow's logit preprocessing or a :class:`~flows.TorchTransform`
+        of a bounded transform in front (``SigmoidTransform().inv``: the unit interval) bound it;
+        :meth:`log_prob` is ``-inf`` outside. ``support.check(x)`` has shape ``batch``.
+        """
+        return self.transform.domain
+
+    def _bounded_log_prob(self, x: Tensor, context: Tensor | None, support: td.constraints.Constraint) -> Tensor:
+        """``log_prob`` with ``-inf`` outside ``support``; the layers see an inner point there (no error, no NaN).
+
+        No branch on the data: the mask is applied with ``torch.where``, so gradients stay finite (zero
+        outside) and batched transforms (``torch.func.vmap``) see the same program for every row.
+        """
+        try:
+            inner = td.transform_to(support)(torch.zeros(self.event_shape, dtype=x.dtype, device=x.device))
+        except NotImplementedError:  # no point known inside: the layers check their own inputs
+            z, ladj = self.transform.forward_and_log_det(x, context)
+            return self.base.log_prob(z, context) + ladj
+        n = len(self.event_shape)
+        keep = inside(support, x, n) | torch.isnan(x).flatten(x.dim() - n).any(-1)  # NaN stays NaN (check_finite=False)
+        safe = torch.where(keep.reshape(*keep.shape, *(1,) * n), x, inner)
+        z, ladj = self.transform.forward_and_log_det(safe, context)
+        return torch.where(keep, self.base.log_prob(z, context) + ladj, -torch.inf)
 
     def _latent_context(self, sample_shape: torch.Size, context: Tensor | None) -> Tensor | None:
         if context is None:
@@ -395,7 +426,8 @@ class FlowDistribution(td.Distribution):
 
     @property
     def support(self) -> td.constraints.Constraint:
-        return td.constraints.independent(td.constraints.real, len(self.event_shape))
+        """The flow's :attr:`Flow.support` (the data-side layer's domain); ``log_prob`` is ``-inf`` outside it."""
+        return self.flow.support
 
     @property
     def mean(self) -> Tensor:

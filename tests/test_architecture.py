@@ -21,6 +21,7 @@ LAYERS: dict[str, int] = {
     "_lazy": 0,
     "_malloc": 0,
     "_kernels": 0,
+    "_adoption": 0,
     # 1: networks and base distributions
     "nn": 1,
     "distributions": 1,
@@ -43,6 +44,8 @@ LAYERS: dict[str, int] = {
     # 7: particle Boltzmann generators (couplings for flow matching, evaluation); model files
     "particles": 7,
     "model_file": 7,
+    # 7: adapters to other libraries (Pyro), each imported lazily; nothing in flows imports them
+    "interop": 7,
     # 8: the command
     "cli": 8,
 }

@@ -98,7 +98,7 @@ def test_finite_check_can_be_turned_off() -> None:
 
 def test_flow_rejects_mismatched_base() -> None:
     with pytest.raises(
-        ValueError, match=r"transform outputs events of shape \(3,\) but the base distribution has event shape \(2,\)"
+        ValueError, match=r"transform outputs events of shape \(3,\) but the base distribution has event\s+shape \(2,\)"
     ):
         Flow(flows.Affine(3), StandardNormal(2))
 

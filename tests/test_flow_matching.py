@@ -355,11 +355,11 @@ def _fm_trainer(checkpoint: Path | None = None, objective: FlowMatching | None =
     return Trainer(flow, objective, lr=1e-2, checkpoint=checkpoint, **kwargs)
 
 
-@pytest.mark.parametrize("target", ["conditional", "stable"])
-def test_trainer_resumes_flow_matching_exactly_and_validates_with_the_ode(tmp_path: Path, target: str) -> None:
+@pytest.mark.parametrize("velocity", ["conditional", "stable"])
+def test_trainer_resumes_flow_matching_exactly_and_validates_with_the_ode(tmp_path: Path, velocity: str) -> None:
     x = torch.randn(120, 2, generator=torch.Generator().manual_seed(0)) * torch.tensor([1.0, 0.3])
     make = _fm_trainer
-    if target == "stable":  # its reference rows are drawn by the global generator, which checkpoints save
+    if velocity == "stable":  # its reference rows are drawn by the global generator, which checkpoints save
         objective = FlowMatching(sigma=0.1, velocity="stable", reference=x[:100], reference_size=16, eval_nll=True)
         make = functools.partial(_fm_trainer, objective=objective)
     full = make()
@@ -420,7 +420,7 @@ def test_cli_fit_with_flow_matching_on_a_cnf_and_refusal_for_other_models(tmp_pa
     assert code == 0
     assert "test log-likelihood:" in capsys.readouterr().out
     assert (out / "model.ckpt").is_file()
-    stable = ["--model", "FFJORD", "--transforms", "1", "--objective", "fm", "--target", "stable", "--sigma", "0.05"]
+    stable = ["--model", "FFJORD", "--transforms", "1", "--objective", "fm", "--velocity", "stable", "--sigma", "0.05"]
     code = main(["fit", *tiny, *stable, "--reference-size", "64", "--time-power", "2", "--out", str(tmp_path / "st")])
     assert code == 0 and (tmp_path / "st" / "model.ckpt").is_file()
     capsys.readouterr()
@@ -431,8 +431,11 @@ def test_cli_fit_with_flow_matching_on_a_cnf_and_refusal_for_other_models(tmp_pa
     # flow-matching flags that the run would ignore are refused, not dropped
     for flags, expected in (
         (["--sigma", "0.1"], "--sigma 0.1: expected flow-matching flags only with --objective fm, got --objective ml"),
-        (["--target", "stable", "--time-power", "2"], "--target stable, --time-power 2.0: expected flow-matching"),
-        (["--objective", "fm", "--reference-size", "64"], "--reference-size 64: expected it only with --target stable"),
+        (["--velocity", "stable", "--time-power", "2"], "--velocity stable, --time-power 2.0: expected flow-matching"),
+        (
+            ["--objective", "fm", "--reference-size", "64"],
+            "--reference-size 64: expected it only with --velocity stable",
+        ),
     ):
         code = main(["fit", *tiny, "--model", "FFJORD", "--transforms", "1", *flags, "--out", str(tmp_path / "x")])
         assert code == 2, flags

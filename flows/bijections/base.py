@@ -7,6 +7,7 @@ from collections.abc import Callable, Iterator, Sequence
 
 import torch
 from torch import Tensor, nn
+from torch.distributions import constraints
 
 from flows._validation import (
     as_shape,
@@ -18,7 +19,7 @@ from flows._validation import (
     shapes_match,
 )
 
-__all__ = ["Bijection", "Chain", "Inverse", "InverseNotAvailable", "sum_event_dims"]
+__all__ = ["Bijection", "Chain", "Inverse", "InverseNotAvailable", "inside", "is_real", "over_event", "sum_event_dims"]
 
 
 def sum_event_dims(t: Tensor, event_ndim: int, batch_shape: torch.Size) -> Tensor:
@@ -31,6 +32,28 @@ def sum_event_dims(t: Tensor, event_ndim: int, batch_shape: torch.Size) -> Tenso
     if event_ndim:
         t = t.sum(dim=tuple(range(-event_ndim, 0)))
     return t.expand(batch_shape)
+
+
+def over_event(constraint: constraints.Constraint, event_ndim: int) -> constraints.Constraint:
+    """``constraint`` reinterpreted over ``event_ndim`` event dimensions (``check`` then returns the batch shape)."""
+    extra = event_ndim - constraint.event_dim
+    return constraints.independent(constraint, extra) if extra > 0 else constraint
+
+
+def is_real(constraint: constraints.Constraint) -> bool:
+    """Whether ``constraint`` is the whole real space (``real``, ``real_vector``, ``independent(real, k)``)."""
+    while isinstance(constraint, constraints.independent):
+        constraint = constraint.base_constraint
+    return constraint is constraints.real
+
+
+def inside(constraint: constraints.Constraint, x: Tensor, event_ndim: int) -> Tensor:
+    """``constraint.check(x)`` reduced to the batch shape (works for empty batches, unlike torch's ``independent``)."""
+    while isinstance(constraint, constraints.independent):
+        constraint = constraint.base_constraint
+    ok = constraint.check(x)
+    extra = ok.dim() - (x.dim() - event_ndim)
+    return ok.flatten(ok.dim() - extra).all(-1) if extra > 0 else ok
 
 
 _Fused = Callable[..., tuple[Tensor, Tensor]]
@@ -163,6 +186,39 @@ class Bijection(nn.Module):
         """Map latent to data: returns ``(x, ladj)`` with ``ladj = log|det ∂x/∂z|`` of shape ``batch``."""
         raise InverseNotAvailable(f"{type(self).__name__} has no closed-form inverse")
 
+    # -- where it is defined ------------------------------------------------------------------
+    @property
+    def domain(self) -> constraints.Constraint:
+        """The set of data-side events the transform is defined on, over the whole event.
+
+        The whole real space by default; bounded layers (:class:`~flows.Logit`, a
+        :class:`~flows.TorchTransform` of a bounded transform) override it. A flow's ``support``
+        is the domain of its transform (a :class:`Chain`'s is its first member's). ``check(x)`` has
+        shape ``batch``.
+        """
+        return over_event(constraints.real, len(self.event_shape))
+
+    @property
+    def codomain(self) -> constraints.Constraint:
+        """The set of latent-side events the transform maps onto (the real space by default)."""
+        return over_event(constraints.real, len(self.event_shape_out))
+
+    def as_torch_transform(self, context: Tensor | None = None, *, cache_size: int = 0):
+        """This transform (data to latent) as a :class:`torch.distributions.transforms.Transform`.
+
+        See :class:`~flows.bijections.torch_transform.BijectionTransform`: ``TransformedDistribution(base,
+        t.as_torch_transform().inv)`` is the flow ``Flow(t, base)``.
+
+        Args:
+            context: fixed context of a conditional transform, ``(*batch, context_features)``.
+            cache_size: torch's call cache: 0 (default) or 1 (``t.inv(t(x))`` returns ``x`` itself, keyed
+                on the tensor's identity, so a later call on the same tensor after a parameter update
+                would return the old value; use it for sample-then-score only).
+        """
+        from flows.bijections.torch_transform import BijectionTransform
+
+        return BijectionTransform(self, context, cache_size=cache_size)
+
     # -- derived conveniences -----------------------------------------------------------------
     def forward(self, x: Tensor, context: Tensor | None = None) -> Tensor:
         check_event(x, self.event_shape, type(self).__name__)
@@ -227,6 +283,14 @@ class Inverse(Bijection):
     def inv(self) -> Bijection:
         return self.transform
 
+    @property
+    def domain(self) -> constraints.Constraint:
+        return self.transform.codomain
+
+    @property
+    def codomain(self) -> constraints.Constraint:
+        return self.transform.domain
+
     def extra_repr(self) -> str:
         return ""
 
@@ -277,6 +341,15 @@ class Chain(Bijection):
 
     def __len__(self) -> int:
         return len(self.transforms)
+
+    @property
+    def domain(self) -> constraints.Constraint:
+        """The first (data-side) member's domain; a bounded member behind it checks its own inputs."""
+        return self.transforms[0].domain
+
+    @property
+    def codomain(self) -> constraints.Constraint:
+        return self.transforms[-1].codomain
 
     def __iter__(self) -> Iterator[Bijection]:
         return iter(self.transforms)

@@ -8,8 +8,9 @@ from collections.abc import Sequence
 import torch
 import torch.nn.functional as F
 from torch import Tensor, nn
+from torch.distributions import constraints
 
-from flows.bijections.base import Bijection, sum_event_dims
+from flows.bijections.base import Bijection, over_event, sum_event_dims
 from flows.bijections.transformers import AffineTransformer, Transformer
 
 __all__ = ["Affine", "Elementwise", "Logit", "Sigmoid"]
@@ -133,6 +134,12 @@ class Logit(Bijection):
         self.alpha = float(alpha)
         self.check_domain = check_domain
 
+    @property
+    def domain(self) -> constraints.Constraint:
+        """``(-a, 1 + a)`` per element, ``a = alpha / (1 - 2 alpha)`` (declared closed: torch has no open interval)."""
+        a = self.alpha / (1 - 2 * self.alpha)
+        return over_event(constraints.interval(-a, 1 + a), len(self.event_shape))
+
     def forward_and_log_det(self, x: Tensor, context: Tensor | None = None) -> tuple[Tensor, Tensor]:
         if self.check_domain:
             # u = alpha + (1 - 2 alpha) x must lie in (0, 1): x in (-a, 1 + a), a = alpha / (1 - 2 alpha),
@@ -177,6 +184,11 @@ class Sigmoid(Bijection):
     def __init__(self, event_shape: int | Sequence[int], *, check_domain: bool = True) -> None:
         super().__init__(event_shape)
         self.check_domain = check_domain
+
+    @property
+    def codomain(self) -> constraints.Constraint:
+        """``(0, 1)`` per element."""
+        return over_event(constraints.unit_interval, len(self.event_shape))
 
     def forward_and_log_det(self, x: Tensor, context: Tensor | None = None) -> tuple[Tensor, Tensor]:
         ladj = F.logsigmoid(x) + F.logsigmoid(-x)

@@ -39,10 +39,12 @@ to score a run on data that no longer matches it (``--allow-changed-data`` score
 a warning), ``flows fit --resume`` refuses to continue on changed data, and ``flows sample``
 (whose samples do not depend on the data) warns.
 
-Layout: :mod:`flows.cli.parser` (options), :mod:`flows.cli.app` (:func:`main`, errors and exit
-statuses), one module per command (:mod:`~flows.cli.fit`, :mod:`~flows.cli.evaluate`,
-:mod:`~flows.cli.sample`, :mod:`~flows.cli.check`, :mod:`~flows.cli.models`) imported only when
-that command runs, and :mod:`flows.cli.commands`, the table from command name to function.
+Layout: :mod:`flows.cli.parser` (options), :mod:`flows.cli.fit_flags` (the table of ``flows fit``'s
+flags, from which its options, its ``--resume`` help and its checks are derived),
+:mod:`flows.cli.app` (:func:`main`, errors and exit statuses), one module per command
+(:mod:`~flows.cli.fit`, :mod:`~flows.cli.evaluate`, :mod:`~flows.cli.sample`,
+:mod:`~flows.cli.check`, :mod:`~flows.cli.models`) imported only when that command runs, and
+:mod:`flows.cli.commands`, the table from command name to function.
 """
 
 from __future__ import annotations

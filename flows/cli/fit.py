@@ -8,22 +8,20 @@ import json
 import math
 import os
 import sys
+from collections.abc import Callable
+from dataclasses import dataclass, field
 from pathlib import Path
-from typing import TYPE_CHECKING
+from typing import TYPE_CHECKING, Any
 
 import torch
 
 from flows.cli._common import _check_writable_directory, _pictures, _verify_fingerprint
+from flows.cli.fit_flags import OBJECTIVE_OPTIONS, check_objective_flags, data_spec, resume_policy, run_settings
 
 if TYPE_CHECKING:
     from flows.train.history import History
 
-__all__ = ["fit"]
-
-
-#: Builder options that only the named objective uses. Flow matching regresses the field directly and never solves
-#: the ODE in training, so the RNODE penalties (``kinetic``, ``jacobian``) and the adjoint method would be ignored.
-OBJECTIVE_OPTIONS: dict[str, tuple[str, ...]] = {"ml": ("kinetic", "jacobian", "adjoint"), "fm": ()}
+__all__ = ["OBJECTIVE_OPTIONS", "fit"]
 
 
 def _check_options(builder_name: str, options: list[tuple[str, object]], objective: str = "ml") -> None:
@@ -60,50 +58,60 @@ def _check_options(builder_name: str, options: list[tuple[str, object]], objecti
             if takes_any:
                 continue
             raise ValueError(f"--option {key}=...: expected one of {builder_name}'s options {names}, got {key!r}")
-        if isinstance(value, float) and not math.isfinite(value):
-            raise ValueError(f"--option {key}={value}: expected a finite number, got {value}")
-        annotation = parameters[key].annotation
-        text = annotation if isinstance(annotation, str) else getattr(annotation, "__name__", str(annotation))
-        kinds = {part.strip() for part in text.split("|")}
-        accepted = {
-            "float": lambda v: isinstance(v, (int, float)) and not isinstance(v, bool),
-            "int": lambda v: isinstance(v, int) and not isinstance(v, bool),
-            "bool": lambda v: isinstance(v, bool),
-            "str": lambda v: isinstance(v, str),
-            "None": lambda v: v is None,
-        }
-        if not kinds <= set(accepted):
-            if any(word in text for word in ("Callable", "type[", "Module", "Generator", "Flow")):
-                raise ValueError(
-                    f"--option {key}: expected a plain value (number, string, bool, null), but {builder_name} takes "
-                    f"a Python object there ({text}); set {key} from Python"
-                )
-            continue
-        if not any(accepted[k](value) for k in kinds):
-            wanted = " or ".join(sorted("null" if k == "None" else k for k in kinds))
-            default = parameters[key].default
-            example = f" such as {key}={json.dumps(default)}" if default is not inspect.Parameter.empty else ""
-            raise ValueError(f"--option {key}: expected {wanted}{example}, got {value!r}")
+        _check_option_value(builder_name, key, value, parameters[key])
 
 
-# `flows fit --resume` policy: flags that change the run are refused when they differ from the run's; stopping rules
-# are applied and recorded (history event and run.json "resumes"); the other flags only change how it executes.
+def _check_option_value(builder_name: str, key: str, value: object, parameter) -> None:
+    """The value of ``--option KEY=VALUE`` has the type the builder's annotation of ``KEY`` names."""
+    import inspect
+
+    if isinstance(value, float) and not math.isfinite(value):
+        raise ValueError(f"--option {key}={value}: expected a finite number, got {value}")
+    annotation = parameter.annotation
+    text = annotation if isinstance(annotation, str) else getattr(annotation, "__name__", str(annotation))
+    kinds = {part.strip() for part in text.split("|")}
+    accepted = {
+        "float": lambda v: isinstance(v, (int, float)) and not isinstance(v, bool),
+        "int": lambda v: isinstance(v, int) and not isinstance(v, bool),
+        "bool": lambda v: isinstance(v, bool),
+        "str": lambda v: isinstance(v, str),
+        "None": lambda v: v is None,
+    }
+    if not kinds <= set(accepted):
+        if any(word in text for word in ("Callable", "type[", "Module", "Generator", "Flow")):
+            raise ValueError(
+                f"--option {key}: expected a plain value (number, string, bool, null), but {builder_name} takes "
+                f"a Python object there ({text}); set {key} from Python"
+            )
+        return
+    if not any(accepted[k](value) for k in kinds):
+        wanted = " or ".join(sorted("null" if k == "None" else k for k in kinds))
+        default = parameter.default
+        example = f" such as {key}={json.dumps(default)}" if default is not inspect.Parameter.empty else ""
+        raise ValueError(f"--option {key}: expected {wanted}{example}, got {value!r}")
 
 
-RUN_FLAGS = (
-    "lr",
-    "batch_size",
-    "schedule",
-    "clip",
-    "patience",
-    "objective",
-    "sigma",
-    "coupling",
-    "target",
-    "reference_size",
-    "time_power",
-)
-STOP_FLAGS = ("epochs", "time_budget")
+@dataclass
+class _Run:
+    """One ``flows fit`` run: where it goes, and what :func:`_prepare` built for the other steps."""
+
+    args: argparse.Namespace
+    out: Path
+    distributed: bool
+    main_process: bool = True
+    say: Callable[..., None] = print
+    replace: bool = False  # the old run's files go before this run writes its first one
+    spec: dict = field(default_factory=dict)
+    data: Any = None
+    fingerprint: dict = field(default_factory=dict)
+    config: dict = field(default_factory=dict)
+    trainer: Any = None
+    untrained: object = None  # the untrained model's validation loss, the yardstick of divergence
+    record: dict = field(default_factory=dict)  # run.json
+
+    @property
+    def checkpoint(self) -> Path:
+        return self.out / "checkpoint.ckpt"
 
 
 def fit(args: argparse.Namespace) -> int:
@@ -115,7 +123,7 @@ def fit(args: argparse.Namespace) -> int:
     out = args.out or Path("runs") / Path(str(args.data)).stem
     distributed = "LOCAL_RANK" in os.environ and int(os.environ.get("WORLD_SIZE", "1")) > 1
     if distributed and int(os.environ["RANK"]) != 0:
-        return _fit(args)
+        return _fit(_Run(args, out, distributed))
     _check_writable_directory(out, "--out")  # before the lock file creates the directory
     if not (args.resume or args.overwrite):
         _refuse_foreign_files(out)  # before the lock file appears beside a user's files (checked again under it)
@@ -126,7 +134,7 @@ def fit(args: argparse.Namespace) -> int:
                 held.enter_context(hold_run_lock(out / "checkpoint.ckpt"))
             for name in RUN_FILES:  # left by a killed run's atomic writes (of its own files only); no other writer
                 remove_stale_temporaries(out, name)
-            return _fit(args)
+            return _fit(_Run(args, out, distributed))
     except BaseException:
         lock = lock_path(out / "checkpoint.ckpt")
         if created and out.is_dir() and list(out.iterdir()) == [lock]:  # a command that failed early leaves no run
@@ -136,43 +144,47 @@ def fit(args: argparse.Namespace) -> int:
         raise
 
 
-def _fit(args: argparse.Namespace) -> int:
-    from flows.data.dataset import data_fingerprint, load_dataset
-    from flows.train import (
-        EarlyStopping,
-        MaximumLikelihood,
-        MetricsLogger,
-        PrintMetrics,
-        Trainer,
-        read_checkpoint_header,
-        save_model,
-    )
-    from flows.train.config import _architectures
-    from flows.train.distributed import cleanup_distributed, init_distributed, is_distributed
-    from flows.train.runs import (
-        evaluate_log_likelihood,
-        model_for_data,
-        read_run_file,
-        remove_run_files,
-        write_run_file,
-    )
+def _fit(run: _Run) -> int:
+    """The steps of a run: prepare it, start or resume it, train, finish (the exit status)."""
+    _prepare(run)
+    _start_or_resume(run)
+    _train(run)
+    return _finish(run)
 
+
+def _prepare(run: _Run) -> None:
+    """Check the arguments and the run directory, load the data, build the model, the objective and the trainer."""
+    from flows.data.dataset import data_fingerprint, load_dataset
+    from flows.train.distributed import init_distributed
+
+    args = run.args
     if args.threads < 1 or args.nproc < 1:
         raise ValueError(f"expected --threads >= 1 and --nproc >= 1, got {args.threads} and {args.nproc}")
     if not (math.isfinite(args.lr) and args.lr > 0):
         raise ValueError(f"expected a finite --lr > 0, got {args.lr}")
     torch.set_num_threads(args.threads)
-    distributed = "LOCAL_RANK" in os.environ and int(os.environ.get("WORLD_SIZE", "1")) > 1
-    device = init_distributed(seed=args.seed) if distributed else torch.device("cpu")
-    main_process = not distributed or int(os.environ["RANK"]) == 0
-    say = print if main_process and not args.quiet else (lambda *a, **k: None)
-    out = args.out or Path("runs") / Path(str(args.data)).stem
+    device = init_distributed(seed=args.seed) if run.distributed else torch.device("cpu")
+    run.main_process = not run.distributed or int(os.environ["RANK"]) == 0
+    run.say = print if run.main_process and not args.quiet else (lambda *a, **k: None)
+    _check_directory(run)
+    run.spec = data_spec(args)
+    _check_model_flags(args)
+    run.data = load_dataset(**run.spec)
+    _refuse_binary_columns(run.data)
+    run.fingerprint = data_fingerprint(run.data)
+    run.say(f"data {run.data.describe()}")
+    model = _build_model(run).to(device)
+    run.trainer = _trainer(run, model, _objective(args, model, run.data))
+
+
+def _check_directory(run: _Run) -> None:
+    """Refuse an unusable ``--out`` (again, under the lock); a ``--resume`` with no checkpoint starts afresh."""
+    args, out = run.args, run.out
     _check_writable_directory(out, "--out")
-    checkpoint = out / "checkpoint.ckpt"
-    if main_process and not (args.resume or args.overwrite):  # again, under the lock
+    if run.main_process and not (args.resume or args.overwrite):  # again, under the lock
         _refuse_foreign_files(out)
-    replace = args.overwrite and not args.resume  # the old run's files go before this run writes its first one
-    if args.resume and not checkpoint.exists():
+    run.replace = args.overwrite and not args.resume
+    if args.resume and not run.checkpoint.exists():
         if not (out / "run.json").is_file():
             raise FileNotFoundError(f"--resume: expected a run with a checkpoint in {str(out)!r}, got none")
         # a run stopped before its first checkpoint (written after the first epoch or 5 s) has no state to
@@ -183,16 +195,13 @@ def _fit(args: argparse.Namespace) -> int:
             file=sys.stderr,
         )
         args.resume = False
-        replace = True  # the files of the run being started again are its own
-    spec = {
-        "name": str(args.data),
-        "data_dir": args.data_dir,
-        "key": args.key,
-        "levels": args.levels,
-        "val_fraction": args.val_fraction,
-        "test_fraction": args.test_fraction,
-        "seed": args.seed,
-    }
+        run.replace = True  # the files of the run being started again are its own
+
+
+def _check_model_flags(args: argparse.Namespace) -> None:
+    """Refuse a builder that ``flows fit`` cannot train, its ill-typed options, and flags the objective ignores."""
+    from flows.train.config import _architectures
+
     builder = _architectures().get(args.model)
     if builder is not None and not getattr(builder, "likelihood_trainable", True):
         raise ValueError(
@@ -201,39 +210,80 @@ def _fit(args: argparse.Namespace) -> int:
             "flows.train.Trainer(model, flows.train.FreeFormInjectiveObjective()))"
         )
     _check_options(args.model, args.option, args.objective)
-    _check_objective_flags(args)
-    data = load_dataset(**spec)
-    _refuse_binary_columns(data)
-    fingerprint = data_fingerprint(data)
-    say(f"data {data.describe()}")
+    check_objective_flags(args)
+
+
+def _build_model(run: _Run) -> torch.nn.Module:
+    """The model of ``--model`` for the data, seeded by ``--seed``; sets ``run.config``."""
+    from flows.train.runs import model_for_data
+
+    args = run.args
     torch.manual_seed(args.seed)
     options = {"transforms": args.transforms, "hidden": args.hidden, **dict(args.option)}
-    model, config = model_for_data(data, args.model, standardize=not args.no_standardize, **options)
-    model = model.to(device)
+    model, run.config = model_for_data(run.data, args.model, standardize=not args.no_standardize, **options)
     n_params = sum(p.numel() for p in model.parameters())
-    say(f"model {args.model} ({n_params:,} parameters), {config['preprocessing'] or 'no'} preprocessing")
-    objective = MaximumLikelihood(levels=data.levels)
-    if args.objective == "fm":
-        from flows.train.flow_matching import FlowMatching, flow_matching_parts
+    run.say(f"model {args.model} ({n_params:,} parameters), {run.config['preprocessing'] or 'no'} preprocessing")
+    return model
 
-        try:
-            flow_matching_parts(model)
-        except TypeError as error:
-            raise ValueError(
-                f"--objective fm trains a continuous flow (one CNF: --model FFJORD --transforms 1), "
-                f"got --model {args.model} --transforms {args.transforms}; {error}"
-            ) from None
-        if data.levels is not None:
-            raise ValueError(f"--objective fm: expected continuous data, got integer data with {data.levels} levels")
-        stable = args.target == "stable"
-        objective = FlowMatching(
-            sigma=args.sigma,
-            coupling=args.coupling,
-            time_power=args.time_power,
-            velocity=args.target,
-            reference=data.train if stable else None,
-            reference_size=args.reference_size if stable else None,
+
+def _objective(args: argparse.Namespace, model: torch.nn.Module, data) -> object:
+    """The objective of ``--objective`` with its flags, refusing a model or data it cannot train."""
+    from flows.train import MaximumLikelihood
+
+    if args.objective == "ml":
+        _check_noise(args, model, data)
+        return MaximumLikelihood(levels=data.levels, noise_std=args.noise_std or None)
+    from flows.train.flow_matching import FlowMatching, flow_matching_parts
+
+    try:
+        flow_matching_parts(model)
+    except TypeError as error:
+        raise ValueError(
+            f"--objective fm trains a continuous flow (one CNF: --model FFJORD --transforms 1), "
+            f"got --model {args.model} --transforms {args.transforms}; {error}"
+        ) from None
+    if data.levels is not None:
+        raise ValueError(f"--objective fm: expected continuous data, got integer data with {data.levels} levels")
+    stable = args.velocity == "stable"
+    return FlowMatching(
+        sigma=args.sigma,
+        coupling=args.coupling,
+        time_power=args.time_power,
+        velocity=args.velocity,
+        reference=data.train if stable else None,
+        reference_size=args.reference_size if stable else None,
+    )
+
+
+def _check_noise(args: argparse.Namespace, model: torch.nn.Module, data) -> None:
+    """Refuse noise augmentation that would not be what ``--noise-std`` or the model's ``noise_std`` says.
+
+    :class:`~flows.train.MaximumLikelihood` adds the noise to the data it is given, after any
+    dequantization; for integer data that is the dequantized ``[0, 1)`` values in front of the
+    ``Logit`` preprocessing layer, whose domain ends near 0 and 1, so the noise would push rows out
+    of it. A ``--noise-std`` other than the model's own ``noise_std`` would silently replace it.
+    """
+    recorded = getattr(model, "noise_std", None)
+    if args.noise_std and recorded and args.noise_std != recorded:
+        raise ValueError(
+            f"--noise-std {args.noise_std}: expected the noise_std the model records ({recorded}, from --option "
+            f"noise_std=) or no --noise-std, got both"
         )
+    sigma = args.noise_std or recorded
+    if sigma and data.levels is not None:
+        given = f"--noise-std {args.noise_std}" if args.noise_std else f"--option noise_std={recorded}"
+        raise ValueError(
+            f"{given}: expected continuous data, got integer data with {data.levels} levels: the noise would land "
+            "on the dequantized values in [0, 1), in front of the Logit preprocessing layer, which is defined only "
+            "around [0, 1); train noise-augmented flows on integer data from Python (see docs/transformer.md)"
+        )
+
+
+def _trainer(run: _Run, model: torch.nn.Module, objective: object):
+    """The trainer of the run: schedule, callbacks, checkpoint, and the settings its checkpoints record."""
+    from flows.train import EarlyStopping, MetricsLogger, PrintMetrics, Trainer
+
+    args = run.args
     scheduler = None
     if args.schedule == "cosine":
         steps = max(1, args.epochs)
@@ -241,132 +291,170 @@ def _fit(args: argparse.Namespace) -> int:
     elif args.schedule == "plateau":
         scheduler = lambda opt: torch.optim.lr_scheduler.ReduceLROnPlateau(opt, factor=0.5, patience=3)  # noqa: E731
     callbacks = (
-        [MetricsLogger(out), PrintMetrics(every=max(1, args.epochs // 10))] if not args.quiet else [MetricsLogger(out)]
+        [MetricsLogger(run.out), PrintMetrics(every=max(1, args.epochs // 10))]
+        if not args.quiet
+        else [MetricsLogger(run.out)]
     )
     # --patience 0 never stops early, but the model saved is still the best epoch's
     callbacks.insert(0, EarlyStopping(patience=args.patience or None))
-    trainer = Trainer(
+    return Trainer(
         model,
         objective,
         lr=args.lr,
         scheduler=scheduler,
         clip_grad_norm=args.clip or None,
         callbacks=callbacks,
-        checkpoint=checkpoint,
+        checkpoint=run.checkpoint,
         checkpoint_every=args.checkpoint_every,
-        config=config,
-        info={
-            "data": spec,
-            "data_fingerprint": fingerprint,
-            "fit": {k: _json_number(getattr(args, k)) for k in RUN_FLAGS + STOP_FLAGS},
-        },
+        config=run.config,
+        info={"data": run.spec, "data_fingerprint": run.fingerprint, "fit": run_settings(args)},
         compile=args.compile,
     )
-    resumes = []
-    untrained = None
+
+
+def _start_or_resume(run: _Run) -> None:
+    """Resume the run from its checkpoint, or measure the untrained model; then write run.json (main process)."""
+    from flows.train.runs import json_number, read_run_file, remove_run_files, write_run_file
+
+    args = run.args
+    resumes = _resume(run) if args.resume else None
     if args.resume:
-        untrained = read_run_file(out).get("untrained_val_loss")
-        saved = read_checkpoint_header(checkpoint)
-        for what, now, before in (
-            ("model", config, saved.get("config")),
-            ("data", spec, (saved.get("info") or {}).get("data")),
-        ):
-            if json.dumps(now, sort_keys=True) != json.dumps(before, sort_keys=True):
-                raise ValueError(
-                    f"--resume: the {what} settings differ from the run in {str(out)!r}: it has {before}, "
-                    f"this command asks for {now}; repeat the original command (see run.json) with --resume"
-                )
-        _verify_fingerprint(saved.get("info", {}), fingerprint, checkpoint, "fit --resume", refuse=True)
-        before = saved["info"].get("fit") or read_run_file(out).get("fit", {})
-        changed = {k: (before[k], _json_number(getattr(args, k))) for k in RUN_FLAGS + STOP_FLAGS if k in before}
-        changed = {k: v for k, v in changed.items() if v[0] != v[1]}
-        refused = [
-            f"--{k.replace('_', '-')} {new} (the run has {old})" for k, (old, new) in changed.items() if k in RUN_FLAGS
-        ]
-        if refused:
-            raise ValueError(
-                f"--resume: expected the settings of the run in {str(out)!r}, got {', '.join(refused)}; repeat the "
-                "original command (see run.json) with --resume (only --epochs and --time-budget may change), "
-                "or start afresh with --overwrite"
-            )
-        trainer.resume()
-        record = {"step": trainer.step, "epoch": trainer.epoch, "changed": {k: list(v) for k, v in changed.items()}}
-        resumes = [*read_run_file(out).get("resumes", []), record]
-        note = ", ".join(f"--{k.replace('_', '-')} {new} (was {old})" for k, (old, new) in changed.items())
-        trainer.history.event(trainer.step, f"resumed at epoch {trainer.epoch}" + (f" with {note}" if note else ""))
-        say(f"resumed {str(out)!r} at epoch {trainer.epoch} (step {trainer.step})" + (f" with {note}" if note else ""))
+        run.untrained = read_run_file(run.out).get("untrained_val_loss")
     else:  # the yardstick of divergence: the untrained model's validation loss (every process evaluates)
-        untrained = trainer.evaluate(data.val, batch_size=args.batch_size).get("loss")
-    if main_process:
-        out.mkdir(parents=True, exist_ok=True)
-        if replace:
-            remove_run_files(out)
-        run_file = {"data": spec, "data_fingerprint": fingerprint, "config": config, "fit": _plain(vars(args))}
-        run_file["untrained_val_loss"] = _json_number(untrained)
-        if resumes:
-            run_file["resumes"] = resumes
-        write_run_file(out, run_file)
-    trainer.fit(
-        data.train,
-        data.val,
+        run.untrained = run.trainer.evaluate(run.data.val, batch_size=args.batch_size).get("loss")
+    run.record = {
+        "data": run.spec,
+        "data_fingerprint": run.fingerprint,
+        "config": run.config,
+        "fit": _plain(vars(args)),
+        "untrained_val_loss": json_number(run.untrained),
+    }
+    if resumes:
+        run.record["resumes"] = resumes
+    if run.main_process:
+        run.out.mkdir(parents=True, exist_ok=True)
+        if run.replace:
+            remove_run_files(run.out)
+        write_run_file(run.out, run.record)
+
+
+def _resume(run: _Run) -> list[dict]:
+    """Continue the trainer from the checkpoint, refusing another run's settings; the run's resumes, this one last.
+
+    The policy of each flag is in :data:`~flows.cli.fit_flags.FIT_FLAGS` and applied by
+    :func:`flows.train.runs.check_same_run` and :func:`~flows.train.runs.resume_changes`.
+    """
+    from flows.train import read_checkpoint_header
+    from flows.train.runs import check_same_run, read_run_file, resume_changes
+
+    trainer, out = run.trainer, run.out
+    saved = read_checkpoint_header(run.checkpoint)
+    check_same_run(saved, run.config, run.spec, out)
+    _verify_fingerprint(saved.get("info", {}), run.fingerprint, run.checkpoint, "fit --resume", refuse=True)
+    before = saved["info"].get("fit") or read_run_file(out).get("fit", {})
+    changed = resume_changes(before, run_settings(run.args), resume_policy(), out)
+    trainer.resume()
+    record = {"step": trainer.step, "epoch": trainer.epoch, "changed": changed}
+    note = ", ".join(f"--{k.replace('_', '-')} {new} (was {old})" for k, (old, new) in changed.items())
+    trainer.history.event(trainer.step, f"resumed at epoch {trainer.epoch}" + (f" with {note}" if note else ""))
+    run.say(f"resumed {str(out)!r} at epoch {trainer.epoch} (step {trainer.step})" + (f" with {note}" if note else ""))
+    return [*read_run_file(out).get("resumes", []), record]
+
+
+def _train(run: _Run) -> None:
+    """Train to the stopping rules (or a signal), then leave the process group."""
+    from flows.train.distributed import cleanup_distributed, is_distributed
+
+    args = run.args
+    run.trainer.fit(
+        run.data.train,
+        run.data.val,
         epochs=args.epochs,
         batch_size=args.batch_size,
         time_budget=args.time_budget,
         seed=args.seed,
     )
     if is_distributed():
-        trainer.release_distributed()  # the DDP wrapper must go before the process group does
+        run.trainer.release_distributed()  # the DDP wrapper must go before the process group does
         cleanup_distributed()
+
+
+def _finish(run: _Run) -> int:
+    """Stop on a signal or a diverged run; else write the model, the test result and the pictures, and report."""
+    trainer = run.trainer
     if trainer.interrupted is not None:
         from flows.cli import _interrupt
 
         _interrupt.ignore_further()  # stopping: a second Ctrl-C now would only lose this message and the status
-        if main_process:
+        if run.main_process:
             print(
-                f"flows fit: stopped by signal {trainer.interrupted}; {str(checkpoint)!r} holds the state at step "
+                f"flows fit: stopped by signal {trainer.interrupted}; {str(run.checkpoint)!r} holds the state at step "
                 f"{trainer.step}: continue with the same command and --resume",
                 file=sys.stderr,
             )
         return 130
-    if not main_process:
+    if not run.main_process:
         return 0
-    worse = _no_training(trainer) or _worse_than_untrained(trainer.history, untrained)
+    worse = _no_training(trainer) or _worse_than_untrained(trainer.history, run.untrained)
     if worse:
         print(
-            f"flows fit: error: training diverged: {worse}; no model file was written ({str(checkpoint)!r} holds the "
-            f"last training state). Lower --lr (now {args.lr:g}), clip gradients with --clip, or check the data and "
-            "the objective's flags",
+            f"flows fit: error: training diverged: {worse}; no model file was written ({str(run.checkpoint)!r} holds "
+            f"the last training state). Lower --lr (now {run.args.lr:g}), clip gradients with --clip, or check the "
+            "data and the objective's flags",
             file=sys.stderr,
         )
         return 1
-    model = trainer.model
-    model_path = save_model(model, out / "model.ckpt", config, info={"data": spec, "data_fingerprint": fingerprint})
-    model_file = _write_model_file(model, out, {"data": spec, "data_fingerprint": fingerprint})
+    written, model_file = _save_trained_model(run)
+    result = _result(run)
+    _write_outputs(run, result, written)
+    return _report(run, result, written, model_file)
+
+
+def _save_trained_model(run: _Run) -> tuple[list[Path], Path | None]:
+    """Write the trained model: ``model.ckpt`` and the model file; the paths written, and the model file's."""
+    from flows.train import save_model
+
+    info = {"data": run.spec, "data_fingerprint": run.fingerprint}
+    model_path = save_model(run.trainer.model, run.out / "model.ckpt", run.config, info=info)
+    model_file = _write_model_file(run.trainer.model, run.out, info)
+    return [model_path], model_file
+
+
+def _result(run: _Run) -> dict:
+    """The result for run.json: epochs, steps, training time, and the test log-likelihood (with a test split)."""
+    from flows.train.runs import evaluate_log_likelihood
+
+    trainer, data = run.trainer, run.data
     epochs = trainer.history.last().get("epoch", trainer.epoch)
     result = {"epochs": epochs, "steps": trainer.step, "train_seconds": round(trainer.elapsed, 2)}
     if data.test is not None:
         result["test"] = evaluate_log_likelihood(
-            model.cpu(), data.test, levels=data.levels, draws=10 if data.levels else 1
+            trainer.model.cpu(), data.test, levels=data.levels, draws=10 if data.levels else 1
         )
-    run_file = {
-        "data": spec,
-        "data_fingerprint": fingerprint,
-        "config": config,
-        "fit": _plain(vars(args)),
-        "untrained_val_loss": _json_number(untrained),
-        "result": result,
-    }
-    if resumes:
-        run_file["resumes"] = resumes
-    write_run_file(out, run_file)
-    written = [model_path, checkpoint, out / "metrics.json", out / "metrics.csv"]
-    if not args.no_plots:
+    return result
+
+
+def _write_outputs(run: _Run, result: dict, written: list[Path]) -> None:
+    """Write run.json with the result, and the pictures; ``written`` gains the files."""
+    from flows.train.runs import write_run_file
+
+    record = {k: v for k, v in run.record.items() if k != "resumes"} | {"result": result}
+    if "resumes" in run.record:
+        record["resumes"] = run.record["resumes"]
+    write_run_file(run.out, record)
+    written += [run.checkpoint, run.out / "metrics.json", run.out / "metrics.csv"]
+    if not run.args.no_plots:
         from flows.plot import plot_history
         from flows.train._atomic import atomic_path
 
-        with atomic_path(out / "curves.png") as temporary:
-            plot_history(trainer.history, temporary)
-        written += [out / "curves.png", *_pictures(model, data, out)]
+        with atomic_path(run.out / "curves.png") as temporary:
+            plot_history(run.trainer.history, temporary)
+        written += [run.out / "curves.png", *_pictures(run.trainer.model, run.data, run.out)]
+
+
+def _report(run: _Run, result: dict, written: list[Path], model_file: Path | None) -> int:
+    """Print the run's events, its test result and its files; 1 when the test log-likelihood is not finite."""
+    trainer, say = run.trainer, run.say
     for event in trainer.history.events:
         say(f"step {event['step']}: {event['message']}")
     if "test" in result:
@@ -374,13 +462,14 @@ def _fit(args: argparse.Namespace) -> int:
         line = f"test log-likelihood: {test['log_likelihood']:.4f} ± {test['stderr']:.4f} nats ({test['n']} samples)"
         if "bits_per_dim" in test:
             line = (
-                f"test bits/dim: {test['bits_per_dim']:.3f}  ({data.levels} levels, {test['n']} test samples)\n" + line
+                f"test bits/dim: {test['bits_per_dim']:.3f}  ({run.data.levels} levels, {test['n']} test samples)\n"
+                + line
             )
         print(line)
     files = ", ".join(str(p) for p in written)
-    say(f"trained {epochs:g} epochs ({trainer.step} steps) in {trainer.elapsed:.1f} s; wrote {files}")
+    say(f"trained {result['epochs']:g} epochs ({trainer.step} steps) in {trainer.elapsed:.1f} s; wrote {files}")
     if model_file is not None:
-        say(f"model file: {model_file} + {model_file.with_suffix('.json').name} (flows.load_model({str(out)!r}))")
+        say(f"model file: {model_file} + {model_file.with_suffix('.json').name} (flows.load_model({str(run.out)!r}))")
     if "test" in result and not math.isfinite(result["test"]["log_likelihood"]):
         print(
             f"flows fit: error: expected a finite test log-likelihood, got {result['test']['log_likelihood']}: the "
@@ -472,27 +561,6 @@ def _worse_than_untrained(history: History, untrained: object) -> str | None:
     if best <= baseline + max(1.0, abs(baseline) / 2):
         return None
     return f"expected a validation loss near or below the untrained model's {baseline:.4g} nats, got at best {best:.4g}"
-
-
-def _check_objective_flags(args: argparse.Namespace) -> None:
-    """Refuse flow-matching flags that the run would ignore, instead of training without them."""
-    from flows.cli.parser import FLOW_MATCHING_DEFAULTS
-
-    changed = [k for k, default in FLOW_MATCHING_DEFAULTS.items() if getattr(args, k) != default]
-    given = ", ".join(f"--{k.replace('_', '-')} {getattr(args, k)}" for k in changed)
-    if args.objective != "fm" and changed:
-        raise ValueError(
-            f"{given}: expected flow-matching flags only with --objective fm, got --objective {args.objective}"
-        )
-    if args.target != "stable" and "reference_size" in changed:
-        raise ValueError(
-            f"--reference-size {args.reference_size}: expected it only with --target stable, got --target {args.target}"
-        )
-
-
-def _json_number(value: object) -> object:
-    """``value``, with a non-finite float as its string (``"inf"``), which JSON headers cannot hold."""
-    return str(value) if isinstance(value, float) and not math.isfinite(value) else value
 
 
 def _write_model_file(model: torch.nn.Module, out: Path, info: dict) -> Path | None:

@@ -6,9 +6,11 @@ from collections.abc import Sequence
 
 import torch
 import torch.distributions as td
-from torch import Tensor
+import torch.distributions.transforms as tdt
+from torch import Tensor, nn
 from torch.distributions import constraints
 
+from flows._adoption import adopt, copyable, point_at
 from flows._validation import check_event
 from flows.distributions.base import Distribution
 
@@ -23,9 +25,47 @@ def _tensor_arguments(d: td.Distribution) -> dict[str, Tensor]:
     return found
 
 
+def _trainable(name: str, value: Tensor, family: str) -> nn.Parameter:
+    """The ``nn.Parameter`` behind a trainable argument (itself, or the one a broadcast view expands), else raise."""
+    if isinstance(value, nn.Parameter):
+        return value
+    base = value._base
+    if isinstance(base, nn.Parameter):
+        try:
+            if torch.equal(base.detach().expand(value.shape), value.detach()):
+                return base
+        except RuntimeError:  # a slice of a larger parameter: it does not expand to the argument
+            pass
+    raise TypeError(
+        f"TorchDistribution: expected the arguments of {family} to be constants or nn.Parameters, got {name} "
+        f"computed from trainable tensors ({type(value.grad_fn).__name__}), which the base cannot own: it would be "
+        "frozen at its current value; pass the nn.Parameter itself, or put a learnable layer (flows.Affine) in front"
+    )
+
+
+def _composite(d: td.Distribution) -> bool:
+    """Whether ``d`` is built from other objects (a mixture, a transformed or a flow's distribution)."""
+    return any(
+        isinstance(v, (td.Distribution, tdt.Transform, nn.Module))
+        or (isinstance(v, (list, tuple)) and any(isinstance(u, (td.Distribution, tdt.Transform)) for u in v))
+        for v in vars(d).values()
+    )
+
+
+def _no_validation(d: object) -> None:
+    """Switch argument validation off in ``d`` and the distributions inside it (the base checks its support)."""
+    if isinstance(d, td.Distribution):
+        d._validate_args = False
+        for value in vars(d).values():
+            _no_validation(value)
+    elif isinstance(d, (list, tuple)):
+        for value in d:
+            _no_validation(value)
+
+
 def _real_support(support: constraints.Constraint) -> bool:
     """Whether ``support`` is the whole real space: ``real``, ``real_vector`` or ``independent(real, k)``."""
-    while isinstance(support, constraints.independent):
+    while isinstance(support, (constraints.independent, constraints.MixtureSameFamilyConstraint)):
         support = support.base_constraint
     return support is constraints.real
 
@@ -72,8 +112,16 @@ class TorchDistribution(Distribution):
     rebuilt from the buffers on each call (cheap: no computation happens at construction). All of
     the distribution's batch dimensions are taken as event dimensions (a base has no batch), as
     ``Independent(d, len(d.batch_shape))`` would. ``context`` is accepted and only sets the batch
-    shape of samples. Parameters are fixed: wrap a learnable location/scale in an
-    :class:`~flows.bijections.Affine` layer instead.
+    shape of samples. An argument that is an ``nn.Parameter`` (or a broadcast of one, as
+    ``Normal(loc, scale)`` stores it) stays that parameter, trainable and saved; one computed from
+    trainable tensors (``Categorical(logits=p)`` normalises ``p``) is refused, since it would be
+    frozen. Other arguments are fixed; a learnable :class:`~flows.bijections.Affine` layer in front
+    learns a location and a scale.
+
+    A distribution built from other objects (``MixtureSameFamily``, ``TransformedDistribution``,
+    a flow's own ``flow()``) is held as it is rather than rebuilt: its tensors become buffers (the
+    object is pointed at them), the modules it computes with (a flow, a zuko or Pyro transform)
+    become submodules, so their parameters train with the flow and are saved with it.
 
     Args:
         distribution: e.g. ``StudentT(df, loc, scale)`` or ``Independent(Laplace(loc, scale), 1)``,
@@ -84,8 +132,9 @@ class TorchDistribution(Distribution):
     skips argument validation) would compute there, and NaN stays NaN.
 
     Raises:
-        TypeError: for something that is not a ``torch.distributions.Distribution``, or one whose
-            support is not the real space (a discrete or simplex distribution).
+        TypeError: for something that is not a ``torch.distributions.Distribution``, one whose
+            support is not the real space (a discrete or simplex distribution), or an argument
+            computed from trainable tensors.
         ValueError: for a distribution that cannot be rebuilt from its tensor arguments.
 
     Example:
@@ -108,10 +157,19 @@ class TorchDistribution(Distribution):
         super().__init__(tuple(inner.batch_shape) + tuple(inner.event_shape))
         self.support = support
         self.family = type(inner)
+        self._held: td.Distribution | None = None
+        self._slots: list = []
         arguments = _tensor_arguments(inner)
+        if not arguments and _composite(inner):  # held as it is; its tensors become buffers, its modules submodules
+            self._hold(inner)
+            return
         self._names = sorted(arguments)
         for name in self._names:
-            self.register_buffer(name, arguments[name].detach().clone())
+            value = arguments[name]
+            if value.requires_grad:  # a learnable argument stays a parameter (the same object)
+                self.register_parameter(name, _trainable(name, value, type(inner).__name__))
+            else:
+                self.register_buffer(name, value.detach().clone())
         try:
             rebuilt = self.distribution()
         except (TypeError, ValueError) as error:
@@ -121,13 +179,38 @@ class TorchDistribution(Distribution):
             ) from error
         self._reinterpreted = len(rebuilt.batch_shape)
 
+    def _hold(self, inner: td.Distribution) -> None:
+        """Keep a composite distribution as it is (argument validation off, as for rebuilt ones)."""
+        if isinstance(inner, td.TransformedDistribution):  # torch's inverse transforms break copy.deepcopy
+            inner.transforms = [copyable(t) for t in inner.transforms]
+        _no_validation(inner)
+        self._slots = adopt(self, inner, "TorchDistribution", path="d")
+        self._held, self._names = inner, []
+        self._reinterpreted = len(inner.batch_shape)
+
+    def _apply(self, fn, recurse: bool = True):
+        # .to()/.double() replace the buffers; a held distribution must use the new tensors.
+        module = super()._apply(fn, recurse)
+        point_at(self, self._slots)
+        return module
+
+    def _load_from_state_dict(self, *args, **kwargs) -> None:
+        super()._load_from_state_dict(*args, **kwargs)
+        point_at(self, self._slots)
+
     def distribution(self) -> td.Distribution:
         """The wrapped distribution, rebuilt from the current buffers (all dimensions as event dimensions)."""
+        if self._held is not None:
+            n = self._reinterpreted
+            return td.Independent(self._held, n) if n else self._held
         d = self.family(**{k: getattr(self, k) for k in self._names}, validate_args=False)
         return td.Independent(d, len(d.batch_shape)) if len(d.batch_shape) else d
 
     def log_prob(self, x: Tensor, context: Tensor | None = None) -> Tensor:
         check_event(x, self.event_shape, type(self).__name__)
+        batch = x.shape[: x.dim() - len(self.event_shape)]
+        if not batch.numel():  # torch's Independent cannot reshape an empty batch ([0, -1] is ambiguous)
+            return x.sum(tuple(range(len(batch), x.dim()))) if self.event_shape else x.clone()
         d = self.distribution()
         log_p = d.log_prob(x)
         n = len(self.event_shape) - self.support.event_dim  # event dims the support's check leaves per entry

@@ -55,6 +55,7 @@ import torch
 from torch import Tensor, nn
 
 from flows._validation import check_objective_batch
+from flows.bijections.base import inside, is_real
 from flows.data.dequantization import uniform_dequantize
 from flows.metrics.density import bits_per_dim
 from flows.train.batching import batch_size_of, split_batch
@@ -71,6 +72,24 @@ __all__ = [
 
 ObjectiveOutput = Tensor | tuple[Tensor, dict[str, Tensor]]
 """What an objective returns: the loss, or ``(loss, metrics)``."""
+
+
+def _check_in_support(model: nn.Module, x: Tensor, who: str) -> None:
+    """Refuse a batch ``(N, *event)`` with rows outside a bounded model's ``support``, naming the first.
+
+    A bounded flow's ``log_prob`` is ``-inf`` there (the right density); as a training loss that
+    is a data error, which a clear message serves better than a step the trainer's guard drops.
+    """
+    support = getattr(model, "support", None)
+    if support is None or is_real(support) or x.dim() < 1:
+        return
+    outside = ~inside(support, x, x.dim() - 1)
+    if bool(outside.any()):
+        row = int(outside.nonzero()[0, 0])
+        raise ValueError(
+            f"{who}: expected data inside the model's support {support} (the domain of its data-side layer), "
+            f"got row {row} outside it, where the model's log-density is -inf"
+        )
 
 
 def objective_output(out: object) -> tuple[Tensor, dict[str, Tensor]]:
@@ -152,7 +171,8 @@ class MaximumLikelihood(Objective):
         ValueError: when called, for a batch without rows or without its batch dimension, a context
             given to a model that takes none (:func:`flows._validation.check_objective_batch`), and
             whatever the model's ``log_prob`` refuses (for a :class:`~flows.Flow`: a wrong event
-            shape, NaN/Inf values with the first bad row named, a missing or non-finite context).
+            shape, NaN/Inf values with the first bad row named, a missing or non-finite context),
+            and rows outside a bounded model's ``support`` (where ``log_prob`` is ``-inf``).
         TypeError: for integer data without ``levels``, or what ``log_prob`` refuses (an integer
             context, another dtype).
 
@@ -196,6 +216,7 @@ class MaximumLikelihood(Objective):
         sigma = self._noise(model)
         if sigma:
             x = x + sigma * torch.randn_like(x)
+        _check_in_support(model, x, type(self).__name__)
         return x, context
 
     def __call__(self, model: nn.Module, batch: object) -> ObjectiveOutput:

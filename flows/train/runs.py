@@ -42,12 +42,17 @@ from flows.train.checkpoint import load_model, read_checkpoint_header
 from flows.train.config import build_model, model_config
 
 __all__ = [
+    "REFUSED_POLICIES",
+    "RESUME_POLICIES",
     "RUN_FILES",
+    "check_same_run",
     "evaluate_log_likelihood",
+    "json_number",
     "load_run",
     "model_for_data",
     "read_run_file",
     "remove_run_files",
+    "resume_changes",
     "run_files_in",
     "write_run_file",
 ]
@@ -69,6 +74,68 @@ RUN_FILES: dict[str, str] = {
     "corner.png": "a corner plot of samples against the data (other data)",
     "tensorboard": "TensorBoard scalars (a directory, when tensorboard is installed)",
 }
+
+
+#: What ``flows fit --resume`` does with a setting whose value differs from the run's. Every flag of ``flows fit``
+#: has one (the table :data:`flows.cli.fit_flags.FIT_FLAGS`); a resume never silently trains a different run.
+RESUME_POLICIES: dict[str, str] = {
+    "data": "refused: part of the data spec (run.json 'data'), compared as a whole",
+    "model": "refused: part of the model config (run.json 'config'), compared as a whole",
+    "refuse": "refused: a training setting (run.json 'fit'), compared on its own",
+    "record": "may change (a stopping rule): the change is recorded in run.json 'resumes' and the history",
+    "free": "may change: it changes only how the run executes",
+}
+
+#: The policies under which a resume refuses a changed setting.
+REFUSED_POLICIES = ("data", "model", "refuse")
+
+
+def json_number(value: object) -> object:
+    """``value``, with a non-finite float as its string (``"inf"``), which JSON headers cannot hold."""
+    return str(value) if isinstance(value, float) and not math.isfinite(value) else value
+
+
+def check_same_run(header: dict[str, Any], config: dict[str, Any], spec: dict[str, Any], where: Path) -> None:
+    """Refuse to resume the checkpoint of ``header`` with another model config or data spec (``model``, ``data``).
+
+    Raises:
+        ValueError: naming the settings that differ, the run's and this command's.
+    """
+    for what, now, before in (
+        ("model", config, header.get("config")),
+        ("data", spec, (header.get("info") or {}).get("data")),
+    ):
+        if json.dumps(now, sort_keys=True) != json.dumps(before, sort_keys=True):
+            raise ValueError(
+                f"--resume: the {what} settings differ from the run in {str(where)!r}: it has {before}, "
+                f"this command asks for {now}; repeat the original command (see run.json) with --resume"
+            )
+
+
+def resume_changes(
+    before: dict[str, Any], now: dict[str, Any], policy: dict[str, str], where: Path
+) -> dict[str, list[object]]:
+    """The settings of a resume that differ from the run's, ``{name: [the run's, this command's]}``.
+
+    Settings the run did not record (older runs) are not compared.
+
+    Raises:
+        ValueError: when a setting of policy ``refuse`` differs, listing each (``--lr 0.01 (the run has 0.002)``).
+    """
+    changed = {k: [before[k], new] for k, new in now.items() if k in before and before[k] != new}
+    refused = [
+        f"--{k.replace('_', '-')} {new} (the run has {old})"
+        for k, (old, new) in changed.items()
+        if policy.get(k) == "refuse"
+    ]
+    if refused:
+        recorded = " and ".join("--" + k.replace("_", "-") for k, p in policy.items() if p == "record")
+        raise ValueError(
+            f"--resume: expected the settings of the run in {str(where)!r}, got {', '.join(refused)}; repeat the "
+            f"original command (see run.json) with --resume (only {recorded} may change), "
+            "or start afresh with --overwrite"
+        )
+    return changed
 
 
 def model_for_data(
