@@ -547,7 +547,7 @@ def test_flow_matching_refuses_rnode_weights_it_would_not_add() -> None:
         ({"time_power": True}, TypeError, "expected time_power to be a real number, got bool"),
         ({"eval_nll": 1}, TypeError, "expected eval_nll to be a bool"),
         ({"eval_seed": 0.5}, TypeError, "expected eval_seed to be an int, got 0.5"),
-        ({"target": "stable", "reference_size": 4}, ValueError, "reference_size draws rows from reference, got"),
+        ({"velocity": "stable", "reference_size": 4}, ValueError, "reference_size draws rows from reference, got"),
     ],
 )
 def test_flow_matching_options_out_of_domain(options: dict, error: type, match: str) -> None:
