@@ -34,9 +34,10 @@ def _check_options(builder_name: str, options: list[tuple[str, object]], objecti
     """
     import inspect
 
-    from flows.train.config import _architectures, fit_can_build
+    from flows.architectures.registry import get
+    from flows.cli.models import fit_can_build
 
-    builder = _architectures().get(builder_name)
+    builder = get(builder_name, None)
     if builder is None:
         return
     parameters = inspect.signature(builder).parameters
@@ -142,7 +143,9 @@ def fit(args: argparse.Namespace) -> int:
 
 
 def _fit(args: argparse.Namespace) -> int:
+    from flows.architectures.registry import get
     from flows.data.dataset import data_fingerprint, load_dataset
+    from flows.model_file import describe_model, save_model
     from flows.train import (
         EarlyStopping,
         MaximumLikelihood,
@@ -150,9 +153,7 @@ def _fit(args: argparse.Namespace) -> int:
         PrintMetrics,
         Trainer,
         read_checkpoint_header,
-        save_model,
     )
-    from flows.train.config import _architectures
     from flows.train.distributed import cleanup_distributed, init_distributed, is_distributed
     from flows.train.runs import (
         evaluate_log_likelihood,
@@ -198,7 +199,7 @@ def _fit(args: argparse.Namespace) -> int:
         "test_fraction": args.test_fraction,
         "seed": args.seed,
     }
-    builder = _architectures().get(args.model)
+    builder = get(args.model, None)
     if builder is not None and not getattr(builder, "likelihood_trainable", True):
         raise ValueError(
             f"flows fit trains by maximum likelihood, which is not how {args.model} is trained; "
@@ -213,7 +214,8 @@ def _fit(args: argparse.Namespace) -> int:
     say(f"data {data.describe()}")
     torch.manual_seed(args.seed)
     options = {"transforms": args.transforms, "hidden": args.hidden, **dict(args.option)}
-    model, config = model_for_data(data, args.model, standardize=not args.no_standardize, **options)
+    model = model_for_data(data, args.model, standardize=not args.no_standardize, **options)
+    config = describe_model(model)  # what the checkpoints, run.json and the model file record
     model = model.to(device)
     n_params = sum(p.numel() for p in model.parameters())
     say(f"model {args.model} ({n_params:,} parameters), {config['preprocessing'] or 'no'} preprocessing")
@@ -345,8 +347,7 @@ def _fit(args: argparse.Namespace) -> int:
         )
         return 1
     model = trainer.model
-    model_path = save_model(model, out / "model.ckpt", config, info={"data": spec, "data_fingerprint": fingerprint})
-    model_file = _write_model_file(model, out, {"data": spec, "data_fingerprint": fingerprint})
+    model_path = save_model(model, out, info={"data": spec, "data_fingerprint": fingerprint})
     epochs = trainer.history.last().get("epoch", trainer.epoch)
     result = {"epochs": epochs, "steps": trainer.step, "train_seconds": round(trainer.elapsed, 2)}
     if data.test is not None:
@@ -364,7 +365,7 @@ def _fit(args: argparse.Namespace) -> int:
     if resumes:
         run_file["resumes"] = resumes
     write_run_file(out, run_file)
-    written = [model_path, checkpoint, out / "metrics.json", out / "metrics.csv"]
+    written = [model_path, model_path.with_suffix(".json"), checkpoint, out / "metrics.json", out / "metrics.csv"]
     if not args.no_plots:
         from flows.plot import plot_history
         from flows.train._atomic import atomic_path
@@ -384,8 +385,7 @@ def _fit(args: argparse.Namespace) -> int:
         print(line)
     files = ", ".join(str(p) for p in written)
     say(f"trained {epochs:g} epochs ({trainer.step} steps) in {trainer.elapsed:.1f} s; wrote {files}")
-    if model_file is not None:
-        say(f"model file: {model_file} + {model_file.with_suffix('.json').name} (flows.load_model({str(out)!r}))")
+    say(f"load the model with flows.load_model({str(out)!r})")
     if "test" in result and not math.isfinite(result["test"]["log_likelihood"]):
         print(
             f"flows fit: error: expected a finite test log-likelihood, got {result['test']['log_likelihood']}: the "
@@ -498,17 +498,6 @@ def _check_objective_flags(args: argparse.Namespace) -> None:
 def _json_number(value: object) -> object:
     """``value``, with a non-finite float as its string (``"inf"``), which JSON headers cannot hold."""
     return str(value) if isinstance(value, float) and not math.isfinite(value) else value
-
-
-def _write_model_file(model: torch.nn.Module, out: Path, info: dict) -> Path | None:
-    """Write ``model.safetensors`` and ``model.json`` in ``out`` (None, with a note, if no config fits)."""
-    from flows.model_file import ModelFileError, save_model
-
-    try:
-        return save_model(model, out, info=info)
-    except ModelFileError as error:
-        print(f"flows fit: no model.safetensors written: {error}", file=sys.stderr)
-        return None
 
 
 def _plain(values: dict) -> dict:

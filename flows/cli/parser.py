@@ -137,8 +137,8 @@ def _parser() -> argparse.ArgumentParser:
         "fit",
         help="train a flow on data and write a run directory",
         description=(
-            "Train a flow by maximum likelihood. Writes run.json, model.ckpt, checkpoint.ckpt, metrics.json/csv "
-            "and pictures to --out, prints the test log-likelihood (and bits/dim for integer data)."
+            "Train a flow by maximum likelihood. Writes run.json, model.safetensors/json, checkpoint.ckpt, "
+            "metrics.json/csv and pictures to --out, prints the test log-likelihood (and bits/dim for integer data)."
         ),
     )
     data = fit.add_argument_group("data")
@@ -298,7 +298,7 @@ def _parser() -> argparse.ArgumentParser:
     output.add_argument("--quiet", action="store_true", help="print only the final result")
 
     ev = sub.add_parser("eval", help="test log-likelihood (and bits/dim) of a trained run")
-    ev.add_argument("run", type=Path, help="run directory or model.ckpt")
+    ev.add_argument("run", type=Path, help="run directory, model file (.safetensors) or checkpoint (.ckpt)")
     ev.add_argument("--split", choices=("test", "val", "train"), default="test")
     ev.add_argument(
         "--draws",
@@ -315,7 +315,7 @@ def _parser() -> argparse.ArgumentParser:
     )
 
     sample = sub.add_parser("sample", help="draw samples to .npy and a picture")
-    sample.add_argument("run", type=Path, help="run directory or model.ckpt")
+    sample.add_argument("run", type=Path, help="run directory, model file (.safetensors) or checkpoint (.ckpt)")
     sample.add_argument(
         "-n", "--num", type=_integer(1, what="a number of samples"), default=64, help="number of samples (default: 64)"
     )
@@ -327,7 +327,7 @@ def _parser() -> argparse.ArgumentParser:
     )
 
     check = sub.add_parser("check", help="run flows.testing.check_bijection on every layer of a trained model")
-    check.add_argument("run", type=Path, help="run directory or model.ckpt")
+    check.add_argument("run", type=Path, help="run directory, model file (.safetensors) or checkpoint (.ckpt)")
     check.add_argument(
         "--num",
         type=_integer(1, what="a number of test points"),
