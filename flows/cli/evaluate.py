@@ -19,6 +19,11 @@ def _model_source(run: Path) -> Path:
     """The file that holds a run's model: a run directory's model file, else its training checkpoint."""
     if not run.exists() and not run.with_suffix(".safetensors").exists():
         raise FileNotFoundError(f"no run directory or model file at {str(run)!r}")
+    if not run.is_dir() and run.is_file() and run.suffix not in (".safetensors", ".json", ".ckpt"):
+        raise ValueError(
+            f"expected a run directory, a model file (.safetensors or .json) or a training checkpoint (.ckpt), "
+            f"got the file {str(run)!r}"
+        )
     if not run.is_dir():
         return run
     for name in ("model.safetensors", "model.json", "checkpoint.ckpt"):
