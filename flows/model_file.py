@@ -221,15 +221,29 @@ def _digest(t: Tensor) -> str:
     return hashlib.sha256(flat.view(torch.uint8).numpy().tobytes()).hexdigest()
 
 
-def _model_dtype(tensors: dict[str, Tensor], name: str) -> torch.dtype:
-    """The one floating dtype of a model's tensors (float32 for a model with none)."""
+def _model_dtype(tensors: dict[str, Tensor]) -> torch.dtype | None:
+    """The one floating dtype of a model's tensors (float32 for a model with none; ``None`` when they mix)."""
     kinds = {t.dtype for t in tensors.values() if t.is_floating_point()}
-    if len(kinds) > 1:
+    return None if len(kinds) > 1 else next(iter(kinds), torch.float32)
+
+
+def _check_mixed(model: nn.Module, config: dict[str, Any], tensors: dict[str, Tensor]) -> None:
+    """Refuse mixed floating dtypes unless they are the builder's own (a ``DependentFlow``'s float64 base).
+
+    A model of one dtype comes back through ``.to(dtype)``; one of several comes back only as its
+    builder makes it, so the builder is run once here and must make the same dtypes.
+    """
+    nbytes = sum(t.numel() * t.element_size() for t in tensors.values())
+    fresh = _build(config, sum(t.numel() for t in tensors.values()), len(tensors), nbytes, "save_model")
+    built = fresh.state_dict()
+    differ = sorted(k for k, t in tensors.items() if k in built and built[k].dtype != t.dtype)
+    if differ:
+        kinds = sorted({str(t.dtype) for t in tensors.values() if t.is_floating_point()})
         raise ModelFileError(
-            f"save_model: expected one floating dtype across the tensors of {name}, got {sorted(map(str, kinds))}; "
-            "convert the model with .to(dtype) first"
+            f"save_model: expected one floating dtype across the tensors of {type(model).__name__} (or the dtypes "
+            f"its builder makes), got {kinds} with {differ[:3]} of another dtype than built; convert the model "
+            "with .to(dtype) first"
         )
-    return next(iter(kinds), torch.float32)
 
 
 def _unwrapped(model: nn.Module) -> nn.Module:
@@ -243,7 +257,8 @@ def describe_model(model: nn.Module) -> dict[str, Any]:
     ``{"format": "flows.model", "format_version", "flows_version", "builder", "arguments",
     "preprocessing", "dtype"}``: the registered builder's name, its actual constructor arguments
     (recorded when the model was built, defaults included), the preprocessing layers put in front of
-    its transform, and the model's floating dtype. :func:`save_model` writes this dict with the tensor
+    its transform, and the model's floating dtype (``None`` for a model whose builder mixes them:
+    a ``DependentFlow`` keeps its matrix-normal base in float64). :func:`save_model` writes this dict with the tensor
     table added; ``flows fit`` stores it in its training checkpoints and ``run.json``.
 
     Raises:
@@ -257,9 +272,9 @@ def describe_model(model: nn.Module) -> dict[str, Any]:
     """
     model = _unwrapped(model)
     description = _description(model)
-    dtype = _model_dtype(dict(model.state_dict()), description["builder"])
+    dtype = _model_dtype(dict(model.state_dict()))
     config = {"format": FORMAT, "format_version": FORMAT_VERSION, "flows_version": _flows_version()}
-    return {**config, **description, "dtype": str(dtype).removeprefix("torch.")}
+    return {**config, **description, "dtype": None if dtype is None else str(dtype).removeprefix("torch.")}
 
 
 def save_model(model: nn.Module, path: str | os.PathLike, *, info: dict[str, Any] | None = None) -> Path:
@@ -297,6 +312,8 @@ def save_model(model: nn.Module, path: str | os.PathLike, *, info: dict[str, Any
     weights, config_path = _paths(path)
     weights.parent.mkdir(parents=True, exist_ok=True)
     tensors, aliases = _tensors(model)
+    if config["dtype"] is None:
+        _check_mixed(model, config, tensors)
     config = {
         **config,
         "tensors": {
@@ -828,11 +845,12 @@ def load_model(path: str | os.PathLike, *, map_location: str | torch.device = "c
     nbytes = sum(t.numel() * t.element_size() for t in found.values())
     model = _build(config, stored, len(found), nbytes, where)
     dtype = getattr(torch, str(config.get("dtype")), None)
-    if not isinstance(dtype, torch.dtype) or not dtype.is_floating_point:
+    if config.get("dtype") is not None and (not isinstance(dtype, torch.dtype) or not dtype.is_floating_point):
         raise ModelFileError(
-            f"load_model: expected a floating 'dtype' in the config of {where}, got {config.get('dtype')!r}"
+            f"load_model: expected a floating 'dtype' (or null: the builder's own dtypes) in the config of {where}, "
+            f"got {config.get('dtype')!r}"
         )
-    model = model.to(dtype)
+    model = model if config.get("dtype") is None else model.to(dtype)
     _check_tensors(found, model.state_dict(), where)
     bad = [key for key, value in found.items() if value.is_floating_point() and not bool(torch.isfinite(value).all())]
     if bad:

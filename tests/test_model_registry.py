@@ -111,6 +111,21 @@ def test_a_training_checkpoint_carries_the_model_files_config_and_loads_with_loa
     assert torch.equal(from_checkpoint.log_prob(x), trainer.model.eval().log_prob(x))
 
 
+def test_a_builder_s_own_mixed_dtypes_come_back_and_a_half_converted_model_is_refused(tmp_path: Path) -> None:
+    torch.manual_seed(0)
+    model = _perturbed(_dependent())  # as built: a float32 flow over the base's float64 buffers and parameter
+    kinds = {t.dtype for t in model.state_dict().values() if t.is_floating_point()}
+    assert kinds == {torch.float32, torch.float64} and describe_model(model)["dtype"] is None
+    loaded = load_model(save_model(model, tmp_path / "dependent"))
+    assert {k: t.dtype for k, t in loaded.state_dict().items()} == {k: t.dtype for k, t in model.state_dict().items()}
+    x = torch.randn(6, 2, generator=torch.Generator().manual_seed(3))
+    assert torch.equal(loaded.log_prob_full(x), model.log_prob_full(x))
+    half = flows.RealNVP(2, transforms=2, hidden=(4,))
+    half.transform.transforms[1].double()
+    with pytest.raises(ModelFileError, match=r"expected one floating dtype .* convert the model with .to\(dtype\)"):
+        save_model(half, tmp_path / "half")
+
+
 def test_the_library_s_builders_are_all_registered() -> None:
     import flows.architectures
     import flows.particles

@@ -301,8 +301,8 @@ def _dependent(context: int = 0, **override):
     from flows.architectures.dependent import DependentFlow
 
     relationship = torch.eye(6, dtype=torch.float64) * 0.8 + 0.2
-    # one dtype throughout (its base keeps float64 buffers otherwise), as flows.save_model asks
-    return DependentFlow(RealNVP(2, **{**_SMALL, **override}), relationship, lam=0.3).float()
+    # as built: a float32 flow over a float64 base (the model file records "dtype": null for it)
+    return DependentFlow(RealNVP(2, **{**_SMALL, **override}), relationship, lam=0.3)
 
 
 def _equivariant(context: int = 0, **override):
