@@ -9,6 +9,7 @@ r"""Self-describing, verified model files: one ``safetensors`` file, with a JSON
                         {"format": "flows.model", "format_version": 2, "flows_version": "0.1.0",
                          "builder": "NSF", "arguments": {"features": 6, "context": 0, "transforms": 5, ...},
                          "preprocessing": [{"layer": "Standardize", "options": {}}], "dtype": "float32",
+                         "event_shape": [6],
                          "tensors": {"transform.transforms.0.loc": {"dtype": "F32", "shape": [6],
                                                                     "sha256": "9f2c..."}, ...},
                          "weights": "model.safetensors", "aliases": {}, "info": {}}
@@ -257,8 +258,10 @@ def describe_model(model: nn.Module) -> dict[str, Any]:
     ``{"format": "flows.model", "format_version", "flows_version", "builder", "arguments",
     "preprocessing", "dtype"}``: the registered builder's name, its actual constructor arguments
     (recorded when the model was built, defaults included), the preprocessing layers put in front of
-    its transform, and the model's floating dtype (``None`` for a model whose builder mixes them:
-    a ``DependentFlow`` keeps its matrix-normal base in float64). :func:`save_model` writes this dict with the tensor
+    its transform, the model's floating dtype (``None`` for a model whose builder mixes them: a
+    ``DependentFlow`` keeps its matrix-normal base in float64) and its event shape (``None`` for a
+    model without one), which a rebuild must reproduce: it pins sizes that no weight's shape
+    depends on, such as ``EquivariantCNF``'s particle count. :func:`save_model` writes this dict with the tensor
     table added; ``flows fit`` stores it in its training checkpoints and ``run.json``.
 
     Raises:
@@ -274,7 +277,13 @@ def describe_model(model: nn.Module) -> dict[str, Any]:
     description = _description(model)
     dtype = _model_dtype(dict(model.state_dict()))
     config = {"format": FORMAT, "format_version": FORMAT_VERSION, "flows_version": _flows_version()}
-    return {**config, **description, "dtype": None if dtype is None else str(dtype).removeprefix("torch.")}
+    shape = getattr(model, "event_shape", None)
+    return {
+        **config,
+        **description,
+        "dtype": None if dtype is None else str(dtype).removeprefix("torch."),
+        "event_shape": None if shape is None else list(shape),
+    }
 
 
 def save_model(model: nn.Module, path: str | os.PathLike, *, info: dict[str, Any] | None = None) -> Path:
@@ -851,6 +860,12 @@ def load_model(path: str | os.PathLike, *, map_location: str | torch.device = "c
             f"got {config.get('dtype')!r}"
         )
     model = model if config.get("dtype") is None else model.to(dtype)
+    shape = getattr(model, "event_shape", None)
+    if config.get("event_shape") is not None and (shape is None or list(shape) != config["event_shape"]):
+        raise ModelFileError(
+            f"load_model: expected a model of event shape {config['event_shape']} as the config of {where} records, "
+            f"got {None if shape is None else list(shape)} from its arguments (an argument was edited)"
+        )
     _check_tensors(found, model.state_dict(), where)
     bad = [key for key, value in found.items() if value.is_floating_point() and not bool(torch.isfinite(value).all())]
     if bad:
