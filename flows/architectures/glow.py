@@ -25,6 +25,7 @@ from torch import Tensor, nn
 
 from flows._validation import as_sample_shape, check_number
 from flows.architectures._arguments import check_activation, check_choice, check_context, check_count, check_hidden
+from flows.architectures.registry import register
 from flows.bijections.base import Bijection, Chain
 from flows.bijections.circulant import CirculantDiagonal2d
 from flows.bijections.conv import Invertible1x1Conv
@@ -47,6 +48,7 @@ SPLITS = ("static", "eiw")
 COUPLINGS = ("affine", "additive")
 
 
+@register
 class Glow(Flow):
     r"""Glow for ``(C, H, W)`` images: ``levels`` × (squeeze → ``steps`` × step → [EIW shuffle] → split).
 

@@ -15,6 +15,7 @@ from torch import Tensor, nn
 
 from flows._validation import check_event, check_finite, check_like
 from flows.architectures._arguments import check_builder, check_nonnegative
+from flows.architectures.registry import register
 from flows.bijections.base import Chain
 from flows.bijections.injective import FreeFormInjective
 from flows.bijections.standardize import Standardize
@@ -24,6 +25,7 @@ from flows.flow import Flow, _as_size
 __all__ = ["FreeFormInjectiveFlow"]
 
 
+@register
 class FreeFormInjectiveFlow(Flow):
     r"""Free-form injective flow: an encoder/decoder pair, an optional latent flow, and the FIF loss.
 

@@ -17,6 +17,7 @@ from torch import Tensor
 
 from flows._validation import as_sample_shape, check_event, check_finite, check_like
 from flows.architectures._arguments import check_builder, check_context, check_count, check_hidden, check_nonnegative
+from flows.architectures.registry import register
 from flows.bijections.base import Bijection, Chain, Inverse
 from flows.bijections.multiscale import Flatten
 from flows.bijections.patchify import Patchify
@@ -52,6 +53,7 @@ def _tokenizer(who: str, features: int | Sequence[int], patch: int | None, token
     return Inverse(Flatten((features // token_features, token_features)))
 
 
+@register
 class TarFlow(Flow):
     r"""Transformer autoregressive flow: ``transforms`` TarFlow blocks in alternating token orders.
 
