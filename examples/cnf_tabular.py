@@ -51,7 +51,7 @@ def main(argv: list[str] | None = None) -> float:
     torch.manual_seed(args.seed)
     data = load_dataset(args.dataset, data_dir=args.data_dir, seed=args.seed)
     train, val, test = (t[: args.limit] for t in (data.train, data.val, data.test))
-    model, _ = model_for_data(
+    model = model_for_data(
         data,
         "FFJORD",
         transforms=args.blocks,

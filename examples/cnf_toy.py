@@ -75,7 +75,7 @@ def main(argv: list[str] | None = None) -> float:
     torch.manual_seed(args.seed)
     data = load_dataset(args.data, seed=args.seed)
     train, val, test = (t[: args.limit] for t in (data.train, data.val, data.test))
-    model, _ = model_for_data(
+    model = model_for_data(
         data, "FFJORD", hidden=[args.hidden, args.hidden], trace="exact", kinetic=args.rnode, jacobian=args.rnode
     )
     print(f"{data.describe()}; {sum(p.numel() for p in model.parameters())} parameters")

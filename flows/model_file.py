@@ -9,6 +9,7 @@ r"""Self-describing, verified model files: one ``safetensors`` file, with a JSON
                         {"format": "flows.model", "format_version": 2, "flows_version": "0.1.0",
                          "builder": "NSF", "arguments": {"features": 6, "context": 0, "transforms": 5, ...},
                          "preprocessing": [{"layer": "Standardize", "options": {}}], "dtype": "float32",
+                         "event_shape": [6],
                          "tensors": {"transform.transforms.0.loc": {"dtype": "F32", "shape": [6],
                                                                     "sha256": "9f2c..."}, ...},
                          "weights": "model.safetensors", "aliases": {}, "info": {}}
@@ -35,9 +36,15 @@ directory) verifies, before anything is built,
 
 The digests detect damage and edits; they do not authenticate (whoever can write the file can
 recompute them), so a model file is trusted as much as its source. Loading reads JSON and raw
-tensors only: no pickle, no code from the file. Builder names are looked up among the library's
-paper-named builders (and those registered with :func:`flows.train.register_model`); activation
-arguments are stored as names of ``torch.nn`` classes and resolved only there.
+tensors only: no pickle, no code from the file. Builder names are looked up in the public
+registry (:mod:`flows.architectures.registry`: the library's builders and those registered with
+``register``); activation arguments are stored as names of ``torch.nn`` classes and resolved only
+there. A model argument (the flow inside a ``DependentFlow``) is stored as its own description, and a
+tensor argument whose content the weights hold (its ``relationship``) as its shape.
+
+The config without its tensor table (:func:`describe_model`) is also what a training checkpoint
+carries in its header: :func:`load_model` rebuilds a model from a ``.ckpt`` file through the same
+checks, so there is one model config and one rebuild path.
 """
 
 from __future__ import annotations
@@ -54,7 +61,7 @@ import torch
 from torch import Tensor, nn
 from torch.overrides import TorchFunctionMode
 
-__all__ = ["FORMAT_VERSION", "ModelFileError", "load_model", "read_model_config", "save_model"]
+__all__ = ["FORMAT_VERSION", "ModelFileError", "describe_model", "load_model", "read_model_config", "save_model"]
 
 FORMAT = "flows.model"
 FORMAT_VERSION = 2
@@ -89,8 +96,13 @@ def _flows_version() -> str:
     return __version__
 
 
-def _encode(value: Any, where: str) -> Any:
-    """A JSON value for a constructor argument (``torch.nn`` classes by name); raise for anything else."""
+def _encode(value: Any, where: str, owner: type | None = None) -> Any:
+    """A JSON value for a constructor argument; raise for anything else.
+
+    ``torch.nn`` classes are stored by name, a model made by a registered builder (the flow inside
+    a :class:`~flows.architectures.dependent.DependentFlow`) as its own description, and a tensor
+    argument that ``owner.rebuilt_from_weights`` names (its content is in the weights) as its shape.
+    """
     if value is None or isinstance(value, (bool, int, float, str)):
         return value
     if isinstance(value, (list, tuple)):
@@ -101,6 +113,10 @@ def _encode(value: Any, where: str) -> Any:
         return {"torch.nn": value.__name__}
     if isinstance(value, torch.Generator):
         return None  # only draws random orders, which the weights (mask buffers) carry
+    if isinstance(value, Tensor) and where in getattr(owner, "rebuilt_from_weights", ()):
+        return {"torch.Tensor": {"shape": list(value.shape)}}
+    if isinstance(value, nn.Module) and hasattr(value, "_arguments"):
+        return {"flows.model": _description(value)}
     raise ModelFileError(
         f"save_model: expected constructor arguments that are JSON values or torch.nn classes, got {where}="
         f"{type(value).__name__}; build the model from plain arguments (or register a builder that takes them)"
@@ -108,6 +124,7 @@ def _encode(value: Any, where: str) -> Any:
 
 
 def _decode(value: Any) -> Any:
+    """The argument a JSON value stands for (nested models and tensor shapes stay as they are: see :func:`_build`)."""
     if isinstance(value, list):
         return [_decode(v) for v in value]
     if isinstance(value, dict):
@@ -116,14 +133,33 @@ def _decode(value: Any) -> Any:
             if not (inspect.isclass(cls) and issubclass(cls, nn.Module)):
                 raise ModelFileError(f"load_model: expected the name of a torch.nn module class, got {value!r}")
             return cls
+        if set(value) in ({"torch.Tensor"}, {"flows.model"}):
+            return value
         return {k: _decode(v) for k, v in value.items()}
     return value
 
 
-def _builders() -> dict[str, Any]:
-    from flows.train.config import _REGISTRY, _architectures
+def _registered_name(model: nn.Module) -> str:
+    """The registry name of ``model``'s class; refuse a model no registered builder made."""
+    from flows.architectures.registry import builders, name_of
 
-    return {**_architectures(), **_REGISTRY}
+    cls = type(model)
+    name = name_of(cls) if hasattr(model, "_arguments") else None
+    if name is None:
+        raise ModelFileError(
+            f"save_model: expected a model made by one of the builders {sorted(builders())}, got {cls.__name__} "
+            "(register its class with flows.architectures.registry.register to save it)"
+        )
+    return name
+
+
+def _description(model: nn.Module) -> dict[str, Any]:
+    """``{"builder", "arguments", "preprocessing"}`` of a model made by a registered builder."""
+    return {
+        "builder": _registered_name(model),
+        "arguments": _arguments(model),
+        "preprocessing": list(getattr(model, "preprocessing", [])),
+    }
 
 
 def _arguments(model: nn.Module) -> dict[str, Any]:
@@ -146,7 +182,7 @@ def _arguments(model: nn.Module) -> dict[str, Any]:
         elif parameter.kind is inspect.Parameter.VAR_POSITIONAL:
             arguments.pop(name, None)
     arguments.pop("standardize", None)  # recorded as a preprocessing layer; its statistics are weights
-    return {k: _encode(v, k) for k, v in arguments.items()}
+    return {k: _encode(v, k, type(model)) for k, v in arguments.items()}
 
 
 def _storage_key(t: Tensor) -> tuple:
@@ -186,23 +222,77 @@ def _digest(t: Tensor) -> str:
     return hashlib.sha256(flat.view(torch.uint8).numpy().tobytes()).hexdigest()
 
 
-def _model_dtype(tensors: dict[str, Tensor], name: str) -> torch.dtype:
-    """The one floating dtype of a model's tensors (float32 for a model with none)."""
+def _model_dtype(tensors: dict[str, Tensor]) -> torch.dtype | None:
+    """The one floating dtype of a model's tensors (float32 for a model with none; ``None`` when they mix)."""
     kinds = {t.dtype for t in tensors.values() if t.is_floating_point()}
-    if len(kinds) > 1:
+    return None if len(kinds) > 1 else next(iter(kinds), torch.float32)
+
+
+def _check_mixed(model: nn.Module, config: dict[str, Any], tensors: dict[str, Tensor]) -> None:
+    """Refuse mixed floating dtypes unless they are the builder's own (a ``DependentFlow``'s float64 base).
+
+    A model of one dtype comes back through ``.to(dtype)``; one of several comes back only as its
+    builder makes it, so the builder is run once here and must make the same dtypes.
+    """
+    nbytes = sum(t.numel() * t.element_size() for t in tensors.values())
+    fresh = _build(config, sum(t.numel() for t in tensors.values()), len(tensors), nbytes, "save_model")
+    built = fresh.state_dict()
+    differ = sorted(k for k, t in tensors.items() if k in built and built[k].dtype != t.dtype)
+    if differ:
+        kinds = sorted({str(t.dtype) for t in tensors.values() if t.is_floating_point()})
         raise ModelFileError(
-            f"save_model: expected one floating dtype across the tensors of {name}, got {sorted(map(str, kinds))}; "
-            "convert the model with .to(dtype) first"
+            f"save_model: expected one floating dtype across the tensors of {type(model).__name__} (or the dtypes "
+            f"its builder makes), got {kinds} with {differ[:3]} of another dtype than built; convert the model "
+            "with .to(dtype) first"
         )
-    return next(iter(kinds), torch.float32)
+
+
+def _unwrapped(model: nn.Module) -> nn.Module:
+    model = getattr(model, "_orig_mod", model)  # torch.compile's wrapper
+    return model.module if isinstance(model, nn.parallel.DistributedDataParallel) else model
+
+
+def describe_model(model: nn.Module) -> dict[str, Any]:
+    """The model config: the JSON dict that rebuilds ``model``, as a model file and a training checkpoint store it.
+
+    ``{"format": "flows.model", "format_version", "flows_version", "builder", "arguments",
+    "preprocessing", "dtype"}``: the registered builder's name, its actual constructor arguments
+    (recorded when the model was built, defaults included), the preprocessing layers put in front of
+    its transform, the model's floating dtype (``None`` for a model whose builder mixes them: a
+    ``DependentFlow`` keeps its matrix-normal base in float64) and its event shape (``None`` for a
+    model without one), which a rebuild must reproduce: it pins sizes that no weight's shape
+    depends on, such as ``EquivariantCNF``'s particle count. :func:`save_model` writes this dict with the tensor
+    table added; ``flows fit`` stores it in its training checkpoints and ``run.json``.
+
+    Raises:
+        ModelFileError: for a model no registered builder made (see :func:`save_model`).
+
+    Example:
+        >>> from flows import RealNVP
+        >>> config = describe_model(RealNVP(2, transforms=2, hidden=(8,)))
+        >>> config["builder"], config["arguments"]["transforms"], config["dtype"]
+        ('RealNVP', 2, 'float32')
+    """
+    model = _unwrapped(model)
+    description = _description(model)
+    dtype = _model_dtype(dict(model.state_dict()))
+    config = {"format": FORMAT, "format_version": FORMAT_VERSION, "flows_version": _flows_version()}
+    shape = getattr(model, "event_shape", None)
+    return {
+        **config,
+        **description,
+        "dtype": None if dtype is None else str(dtype).removeprefix("torch."),
+        "event_shape": None if shape is None else list(shape),
+    }
 
 
 def save_model(model: nn.Module, path: str | os.PathLike, *, info: dict[str, Any] | None = None) -> Path:
     """Write ``model`` as ``<stem>.safetensors`` (weights, config and digests) and ``<stem>.json`` (its config).
 
     Args:
-        model: a :class:`~flows.flow.Flow` made by a builder (``NSF``, ``RealNVP``, ...; its
-            constructor arguments were recorded when it was built), of one floating dtype.
+        model: a model made by a registered builder (:func:`flows.architectures.registry.builders`:
+            ``NSF``, ``RealNVP``, ``DependentFlow``, ``EquivariantCNF``, ...; its constructor
+            arguments were recorded when it was built), of one floating dtype.
         path: a directory (files ``model.safetensors`` and ``model.json`` in it), or a file name
             whose suffix (if any) is replaced by ``.safetensors`` and ``.json``.
         info: extra JSON facts stored with the config (``flows fit`` records the data set here).
@@ -212,8 +302,8 @@ def save_model(model: nn.Module, path: str | os.PathLike, *, info: dict[str, Any
 
     Raises:
         ModelFileError: for a model a config cannot describe (a plain ``Flow`` of hand-made
-            transforms, constructor arguments that are objects rather than values, mixed
-            floating dtypes).
+            transforms, an unregistered class, constructor arguments that are objects rather than
+            values, mixed floating dtypes).
 
     Example:
         >>> import tempfile, torch
@@ -224,33 +314,17 @@ def save_model(model: nn.Module, path: str | os.PathLike, *, info: dict[str, Any
         >>> torch.equal(load_model(path).log_prob(x), model.log_prob(x))
         True
     """
-    from flows.flow import Flow
-
-    model = getattr(model, "_orig_mod", model)  # torch.compile's wrapper
-    if isinstance(model, nn.parallel.DistributedDataParallel):
-        model = model.module
-    name = type(model).__name__
-    if not isinstance(model, Flow) or not hasattr(model, "_arguments"):
-        raise ModelFileError(f"save_model: expected a flow made by a builder (NSF, RealNVP, ...), got {name}")
-    if type(model) is Flow or _builders().get(name) is not type(model):
-        raise ModelFileError(
-            f"save_model: expected a model made by one of the builders {sorted(_builders())}, got {name} "
-            "(register a Flow subclass with flows.train.register_model(name, cls) to save it)"
-        )
+    model = _unwrapped(model)
     if info is not None and not isinstance(info, dict):
         raise TypeError(f"save_model: expected info to be a dict of JSON values, got {type(info).__name__}")
+    config = describe_model(model)
     weights, config_path = _paths(path)
     weights.parent.mkdir(parents=True, exist_ok=True)
     tensors, aliases = _tensors(model)
-    dtype = _model_dtype(tensors, name)
+    if config["dtype"] is None:
+        _check_mixed(model, config, tensors)
     config = {
-        "format": FORMAT,
-        "format_version": FORMAT_VERSION,
-        "flows_version": _flows_version(),
-        "builder": name,
-        "arguments": _arguments(model),
-        "preprocessing": list(model.preprocessing),
-        "dtype": str(dtype).removeprefix("torch."),
+        **config,
         "tensors": {
             k: {"dtype": _NAMES[t.dtype], "shape": list(t.shape), "sha256": _digest(t)} for k, t in tensors.items()
         },
@@ -448,9 +522,8 @@ def _check_table(config: dict[str, Any], header: dict[str, Any], body: bytes, wh
             )
 
 
-def _check_sizes(arguments: dict[str, Any], header: dict[str, Any], where: str) -> None:
-    """Refuse integer arguments larger than the number of weights the file holds, before building."""
-    stored = sum(math.prod(e["shape"]) for e in header.values())
+def _check_sizes(arguments: Any, stored: int, where: str) -> None:
+    """Refuse integer arguments (nested ones and tensor shapes too) larger than the weights could describe."""
     bound = max(stored, 4096)
 
     def visit(value: Any, name: str) -> None:
@@ -464,10 +537,12 @@ def _check_sizes(arguments: dict[str, Any], header: dict[str, Any], where: str) 
         if isinstance(value, list):
             for i, item in enumerate(value):
                 visit(item, f"{name}[{i}]")
+        if isinstance(value, dict):
+            for key, item in value.items():
+                if key not in _NOT_SIZES:
+                    visit(item, f"{name}.{key}" if name else key)
 
-    for name, value in arguments.items():
-        if name not in _NOT_SIZES:
-            visit(value, name)
+    visit(arguments, "")
 
 
 _KINDS: dict[str, tuple[type, ...]] = {
@@ -477,7 +552,15 @@ _KINDS: dict[str, tuple[type, ...]] = {
     "str": (str,),
     "None": (type(None),),
 }
-_OBJECTS = ("Flow", "nn.Module", "Tensor", "Standardize", "torch.Generator")  # stored only as None
+_OBJECTS = ("nn.Module", "Standardize", "torch.Generator")  # stored only as None
+
+
+class _Nested:
+    """The kind of a ``Flow`` argument: a nested model's description (``{"flows.model": ...}``)."""
+
+
+class _Shaped:
+    """The kind of a ``Tensor`` argument whose content the weights hold (``{"torch.Tensor": {"shape"}}``)."""
 
 
 def _kinds(annotation: object) -> tuple[type, ...] | None:
@@ -492,6 +575,8 @@ def _kinds(annotation: object) -> tuple[type, ...] | None:
             kinds.append(list)
         elif part.startswith(("Callable[", "type[")):
             kinds.append(type)
+        elif part in ("Flow", "Tensor"):
+            kinds.append(_Nested if part == "Flow" else _Shaped)
         elif part not in _OBJECTS:
             return None
     return tuple(kinds)
@@ -511,14 +596,18 @@ def _check_types(builder: Any, arguments: dict[str, Any], where: str) -> None:
         kinds = _kinds(parameters[name].annotation) if name in parameters else None
         if kinds is None:
             continue
-        if isinstance(value, bool):
+        tag = set(value) if isinstance(value, dict) else set()
+        if tag in ({"flows.model"}, {"torch.Tensor"}):
+            ok = (_Nested if tag == {"flows.model"} else _Shaped) in kinds
+        elif isinstance(value, bool):
             ok = bool in kinds
         elif isinstance(value, list):
             ok = list in kinds and all(isinstance(v, int) and not isinstance(v, bool) for v in value)
         elif inspect.isclass(value):
             ok = type in kinds
         else:
-            ok = isinstance(value, tuple(k for k in kinds if k is not bool and k is not list and k is not type))
+            plain = (int, float, str, type(None))
+            ok = isinstance(value, tuple(k for k in kinds if k in plain))
         if not ok:
             raise ModelFileError(
                 f"load_model: expected argument {name!r} of the config of {where} to be "
@@ -594,49 +683,77 @@ class _BuildBudget(TorchFunctionMode):
         return func(*args, **kwargs)
 
 
-def _build(config: dict[str, Any], header: dict[str, Any], body: bytes, where: str) -> nn.Module:
-    builders = _builders()
-    name = config.get("builder")
-    if name not in builders:
+def _layers() -> dict[str, type]:
+    """The preprocessing layers a config may name: the exported transforms of :mod:`flows.bijections`."""
+    import flows.bijections as bijections
+    from flows.bijections.base import Bijection
+
+    found = {name: getattr(bijections, name) for name in bijections.__all__}
+    return {name: obj for name, obj in found.items() if inspect.isclass(obj) and issubclass(obj, Bijection)}
+
+
+def _construct(description: Any, where: str) -> nn.Module:
+    """Build the model a description (``builder``, ``arguments``, ``preprocessing``) names, nested models first."""
+    from flows.architectures.registry import builders, get
+
+    name = description.get("builder") if isinstance(description, dict) else None
+    builder = get(name, None) if isinstance(name, str) else None
+    if builder is None:
         raise ModelFileError(
-            f"load_model: expected a builder among {sorted(builders)}, got {name!r} "
-            "(a custom builder must be registered with flows.train.register_model before loading)"
+            f"load_model: expected a builder among {sorted(builders())}, got {name!r} "
+            "(a custom builder must be registered with flows.architectures.registry.register before loading)"
         )
-    arguments = _decode(config.get("arguments", {}))
+    arguments = _decode(description.get("arguments", {}))
     if not isinstance(arguments, dict):
         raise ModelFileError(f"load_model: expected 'arguments' to be a JSON object, got {arguments!r}")
-    _check_types(builders[name], arguments, where)
-    _check_sizes(arguments, header, where)
-    budget = _BuildBudget(16 * len(body) + 2**26, 64 * len(header) + 4096, where)
-    from flows.bijections.base import Bijection
-    from flows.train.config import _layers
+    _check_types(builder, arguments, where)
+    for key, value in arguments.items():
+        if isinstance(value, dict) and set(value) == {"flows.model"}:
+            arguments[key] = _construct(value["flows.model"], where)
+        elif isinstance(value, dict) and set(value) == {"torch.Tensor"}:
+            shape = value["torch.Tensor"].get("shape") if isinstance(value["torch.Tensor"], dict) else None
+            if _ints(shape) is None or any(n < 0 for n in shape):
+                raise ModelFileError(f"load_model: expected a tensor shape for {key!r} in {where}, got {value!r:.80}")
+            arguments[key] = torch.zeros(shape, dtype=torch.float64)  # the weights hold its content
+    model = builder(**arguments)
+    layers = _layers()
+    front, options = [], []
+    for item in description.get("preprocessing") or []:
+        layer = item.get("layer") if isinstance(item, dict) else None
+        if layer not in layers or not isinstance(item.get("options", {}), dict):
+            raise ModelFileError(f"load_model: expected preprocessing layers among {sorted(layers)}, got {item!r}")
+        front.append(layers[layer](model.event_shape, **item.get("options", {})))
+        options.append(item.get("options", {}))
+    if front:
+        model.prepend(*front, options=options)
+    return model
 
+
+def _build(config: dict[str, Any], stored: int, tensors: int, nbytes: int, where: str) -> nn.Module:
+    """The model of a config, built under budgets set by the weights that will fill it.
+
+    Args:
+        config: the config (``builder``, ``arguments``, ``preprocessing``).
+        stored: number of stored weight elements (no size argument may exceed it, or 4096).
+        tensors: number of stored tensors (bounds the torch calls of the build).
+        nbytes: bytes of stored weights (bounds what the build may allocate).
+        where: the file, for messages.
+    """
+    _check_sizes(config.get("arguments", {}), stored, where)
+    budget = _BuildBudget(16 * nbytes + 2**26, 64 * tensors + 4096, where)
     grad = torch.is_grad_enabled()
     try:
         with budget, torch.random.fork_rng(devices=[]):
-            model = builders[name](**arguments)
-            layers = _layers()
-            front, options = [], []
-            for item in config.get("preprocessing") or []:
-                layer = item.get("layer") if isinstance(item, dict) else None
-                if layer not in layers or not isinstance(item.get("options", {}), dict):
-                    raise ModelFileError(
-                        f"load_model: expected preprocessing layers among {sorted(layers)}, got {item!r}"
-                    )
-                front.append(layers[layer](model.event_shape, **item.get("options", {})))
-                options.append(item.get("options", {}))
-            if front:
-                model.prepend(*[t for t in front if isinstance(t, Bijection)], options=options)
+            return _construct(config, where)
     except ModelFileError:
         raise
     except (TypeError, ValueError, RuntimeError, OverflowError, ArithmeticError, LookupError, AssertionError) as error:
         raise ModelFileError(
-            f"load_model: expected arguments that {name} accepts in the config of {where}, got an error: "
-            f"{type(error).__name__}: {error}"
+            f"load_model: expected arguments that {config.get('builder')} accepts in the config of {where}, got an "
+            f"error: {type(error).__name__}: {error}"
         ) from error
     finally:
         torch.set_grad_enabled(grad)  # a builder stopped inside a no_grad block must not leave it disabled
-    return model
 
 
 def _device(map_location: str | torch.device) -> torch.device:
@@ -665,13 +782,58 @@ def _tensor(entry: dict[str, Any], body: bytes) -> Tensor:
     return torch.frombuffer(bytearray(body[begin:end]), dtype=dtype).reshape(entry["shape"])
 
 
+def _model_file_parts(path: str | os.PathLike) -> tuple[dict[str, Any], dict[str, Tensor], str]:
+    """The verified config and tensors of a model file (aliases resolved), and its name for messages."""
+    weights, config_path = _paths(path)
+    if not weights.is_file():
+        raise FileNotFoundError(f"load_model: no model file at {str(path)!r} (looked for {weights})")
+    header, metadata, body = _read_header(weights, data=True)
+    where = repr(str(weights))
+    config = _verified_config(weights, config_path, metadata)
+    _check_version(config)
+    _check_table(config, header, body, where)
+    found = {name: _tensor(entry, body) for name, entry in header.items()}
+    aliases = config.get("aliases") or {}
+    if not isinstance(aliases, dict) or not all(isinstance(v, str) for v in aliases.values()):
+        raise ModelFileError(
+            f"load_model: expected 'aliases' to map tensor names to names in {where}, got {aliases!r:.80}"
+        )
+    for alias, source in aliases.items():
+        if source in found:
+            found[alias] = found[source]
+    return config, found, where
+
+
+def _checkpoint_parts(path: str | os.PathLike) -> tuple[dict[str, Any], dict[str, Tensor], str]:
+    """The model config and weights of a training checkpoint (its container verified by its own checks)."""
+    from flows.train.checkpoint import load_checkpoint
+
+    checkpoint = load_checkpoint(path, map_location="cpu")
+    where = repr(str(path))
+    config = checkpoint.config
+    if not isinstance(config, dict) or config.get("format") != FORMAT:
+        raise ModelFileError(
+            f"load_model: expected a checkpoint whose header holds a model config (format {FORMAT!r}, written by "
+            f"flows fit or Trainer(config=flows.model_file.describe_model(model))), got {str(config)[:80]!r} in {where}"
+        )
+    _check_version(config)
+    weights = checkpoint.state.get("model")
+    if not isinstance(weights, dict) or not all(isinstance(t, Tensor) for t in weights.values()):
+        raise ModelFileError(
+            f"load_model: expected the model's weights under 'model' in {where}, it has "
+            f"{sorted(map(str, checkpoint.state))}"
+        )
+    return config, dict(weights), where
+
+
 def load_model(path: str | os.PathLike, *, map_location: str | torch.device = "cpu") -> nn.Module:
     """Verify and rebuild a model saved by :func:`save_model` (or a ``flows fit`` run directory) in one call.
 
     Args:
         path: the ``.safetensors`` file, the ``.json`` file, their common stem, or a directory
-            holding ``model.safetensors`` (a ``flows fit`` run directory). A ``.ckpt`` file of the
-            training checkpoint format is loaded with :func:`flows.train.load_model`.
+            holding ``model.safetensors`` (a ``flows fit`` run directory); or a training checkpoint
+            (``.ckpt``), whose header carries the same model config (:func:`describe_model`) and
+            whose container has its own checksum (:mod:`flows.train.checkpoint`).
         map_location: device of the returned model's tensors.
 
     Returns:
@@ -683,36 +845,27 @@ def load_model(path: str | os.PathLike, *, map_location: str | torch.device = "c
             a ``model.json`` that differs from the weights' config), an unknown builder, another
             format or library version, sizes the file cannot describe, tensors that are missing,
             extra, of the wrong shape or dtype, or not finite, or an unusable ``map_location``.
+        flows.train.CheckpointError: for a damaged training checkpoint.
     """
     device = _device(map_location)
-    if Path(path).suffix == ".ckpt":
-        from flows.train.checkpoint import load_model as load_checkpoint_model
-
-        return load_checkpoint_model(path, map_location=device)
-    weights, config_path = _paths(path)
-    if not weights.is_file():
-        raise FileNotFoundError(f"load_model: no model file at {str(path)!r} (looked for {weights})")
-    header, metadata, body = _read_header(weights, data=True)
-    where = repr(str(weights))
-    config = _verified_config(weights, config_path, metadata)
-    _check_version(config)
-    _check_table(config, header, body, where)
-    model = _build(config, header, body, where)
+    checkpoint = Path(path).suffix == ".ckpt"
+    config, found, where = _checkpoint_parts(path) if checkpoint else _model_file_parts(path)
+    stored = sum(t.numel() for t in found.values())
+    nbytes = sum(t.numel() * t.element_size() for t in found.values())
+    model = _build(config, stored, len(found), nbytes, where)
     dtype = getattr(torch, str(config.get("dtype")), None)
-    if not isinstance(dtype, torch.dtype) or not dtype.is_floating_point:
+    if config.get("dtype") is not None and (not isinstance(dtype, torch.dtype) or not dtype.is_floating_point):
         raise ModelFileError(
-            f"load_model: expected a floating 'dtype' in the config of {where}, got {config.get('dtype')!r}"
+            f"load_model: expected a floating 'dtype' (or null: the builder's own dtypes) in the config of {where}, "
+            f"got {config.get('dtype')!r}"
         )
-    model = model.to(dtype)
-    found = {name: _tensor(entry, body) for name, entry in header.items()}
-    aliases = config.get("aliases") or {}
-    if not isinstance(aliases, dict) or not all(isinstance(v, str) for v in aliases.values()):
+    model = model if config.get("dtype") is None else model.to(dtype)
+    shape = getattr(model, "event_shape", None)
+    if config.get("event_shape") is not None and (shape is None or list(shape) != config["event_shape"]):
         raise ModelFileError(
-            f"load_model: expected 'aliases' to map tensor names to names in {where}, got {aliases!r:.80}"
+            f"load_model: expected a model of event shape {config['event_shape']} as the config of {where} records, "
+            f"got {None if shape is None else list(shape)} from its arguments (an argument was edited)"
         )
-    for alias, source in aliases.items():
-        if source in found:
-            found[alias] = found[source]
     _check_tensors(found, model.state_dict(), where)
     bad = [key for key, value in found.items() if value.is_floating_point() and not bool(torch.isfinite(value).all())]
     if bad:

@@ -8,9 +8,10 @@ import numpy as np
 import pytest
 import torch
 
+from flows import load_model
+from flows.architectures import registry
 from flows.cli import main
-from flows.train import load_model
-from flows.train.config import _REGISTRY, available_models, build_model, fit_can_build, model_config
+from flows.cli.models import fit_builders, fit_can_build
 
 
 @pytest.fixture(autouse=True)
@@ -31,44 +32,48 @@ def table(tmp_path_factory) -> Path:
 def test_models_prints_the_fit_ready_builders(capsys) -> None:
     assert main(["models"]) == 0
     printed = capsys.readouterr().out.split()
-    assert printed == available_models()
+    assert printed == fit_builders()
     assert {"FFJORD", "IAF", "MAF", "NICE", "NSF", "RealNVP"} <= set(printed)
-    # Glow takes an image shape, levels and steps; FIF is trained by its own objective
-    assert not {"Glow", "FreeFormInjectiveFlow"} & set(printed)
-    assert {"Glow", "FreeFormInjectiveFlow"} <= set(available_models(fit=False))
+    # Glow takes an image shape, levels and steps; FIF is trained by its own objective; DependentFlow
+    # takes a flow and a relationship matrix, EquivariantCNF particles
+    not_fit = {"Glow", "FreeFormInjectiveFlow", "DependentFlow", "EquivariantCNF"}
+    assert not not_fit & set(printed)
+    assert not_fit | set(printed) <= set(registry.builders())
 
 
-@pytest.mark.parametrize("name", available_models())
+@pytest.mark.parametrize("name", fit_builders())
 def test_every_listed_model_fits_through_the_command(name: str, table: Path, tmp_path: Path) -> None:
     """The path of ``flows fit --model NAME``: option checks, model_for_data, one epoch, the saved model."""
     out = tmp_path / name
     command = ["fit", "--data", str(table), "--model", name, "--out", str(out), "--epochs", "1"]
     tiny = ["--transforms", "1", "--hidden", "4", "--batch-size", "64", "--threads", "1", "--quiet", "--no-plots"]
     assert main([*command, *tiny]) == 0
-    model = load_model(out / "model.ckpt")
+    model = load_model(out)
     assert type(model).__name__ == name
     with torch.no_grad():
         log_prob = model.eval().log_prob(torch.from_numpy(np.load(table))[:5])
     assert log_prob.shape == (5,) and bool(torch.isfinite(log_prob).all())
 
 
-def test_a_registered_builder_is_listed_only_when_fit_can_call_it(monkeypatch) -> None:
-    from flows import RealNVP
+def test_a_registered_builder_is_listed_only_when_fit_can_call_it(monkeypatch, tmp_path: Path) -> None:
+    from flows import RealNVP, save_model
 
-    def tiny(features, context=0, **options):
-        return RealNVP(features, context, transforms=1, hidden=(4,))
+    class Tiny(RealNVP):
+        def __init__(self, features, context=0, **options):
+            super().__init__(features, context, transforms=1, hidden=(4,))
 
-    def needs_latent(features, context=0, *, latent_features):
-        return RealNVP(features, context, transforms=1, hidden=(latent_features,))
+    class NeedsLatent(RealNVP):
+        def __init__(self, features, context=0, *, latent_features: int):
+            super().__init__(features, context, transforms=1, hidden=(latent_features,))
 
-    monkeypatch.setitem(_REGISTRY, "tiny", tiny)
-    monkeypatch.setitem(_REGISTRY, "needs-latent", needs_latent)
-    assert fit_can_build(tiny) and not fit_can_build(needs_latent)
-    assert "tiny" in available_models() and "needs-latent" not in available_models()
-    # every builder still builds from a config (a saved Glow or FIF loads as before)
-    assert "needs-latent" in available_models(fit=False)
-    model = build_model(model_config("needs-latent", 3, latent_features=5))
-    assert model.log_prob(torch.randn(2, 3)).shape == (2,)
+    monkeypatch.setitem(registry._REGISTRY, "Tiny", Tiny)
+    monkeypatch.setitem(registry._REGISTRY, "NeedsLatent", NeedsLatent)
+    assert fit_can_build(Tiny) and not fit_can_build(NeedsLatent)
+    assert "Tiny" in fit_builders() and "NeedsLatent" not in fit_builders()
+    # every registered builder saves and loads, whether flows fit can build it or not
+    model = NeedsLatent(3, latent_features=5)
+    x = torch.randn(2, 3)
+    assert torch.equal(load_model(save_model(model, tmp_path / "latent")).log_prob(x), model.log_prob(x))
 
 
 def test_an_old_keyword_through_option_is_refused(table: Path, tmp_path: Path, capsys) -> None:

@@ -17,19 +17,17 @@ import pytest
 import torch
 
 import flows
+from flows import load_model
+from flows.model_file import ModelFileError, describe_model
 from flows.train import (
     Callback,
     CheckpointError,
     EarlyStopping,
     MaximumLikelihood,
     Trainer,
-    build_model,
     load_checkpoint,
-    load_model,
-    model_config,
     read_checkpoint_header,
     save_checkpoint,
-    save_model,
 )
 from flows.train import checkpoint as checkpoint_module
 
@@ -41,11 +39,17 @@ def _levels_data(n: int = 120) -> torch.Tensor:
     return torch.randint(0, 4, (n, 4), generator=g, dtype=torch.uint8)
 
 
+def _model() -> flows.RealNVP:
+    model = flows.RealNVP(4, transforms=2, hidden=[8])
+    return model.prepend(flows.Logit(4, alpha=0.05), options=[{"alpha": 0.05}])
+
+
 def _trainer(path: Path | None = None) -> Trainer:
-    config = model_config("RealNVP", 4, transforms=2, hidden=[8], preprocessing=[("Logit", {"alpha": 0.05})])
     torch.manual_seed(0)
+    model = _model()
+    config = describe_model(model)
     return Trainer(
-        build_model(config),
+        model,
         MaximumLikelihood(levels=4),
         lr=1e-2,
         scheduler=lambda opt: torch.optim.lr_scheduler.StepLR(opt, 2, gamma=0.5),
@@ -143,7 +147,7 @@ def test_load_state_dict_refuses_a_state_it_cannot_continue() -> None:
     with pytest.raises(ValueError, match=r"Trainer.load_state_dict: expected a training state with .*lacks \['rng'\]"):
         _trainer().load_state_dict({k: v for k, v in state.items() if k != "rng"})
     with pytest.raises(ValueError, match="state for 1 callbacks, this trainer has 0; resume with the same callbacks"):
-        Trainer(build_model(trainer.config)).load_state_dict(state)
+        Trainer(_model()).load_state_dict(state)
 
 
 class _SendSignal(Callback):
@@ -174,13 +178,14 @@ def test_a_signal_stops_at_a_step_boundary_with_a_checkpoint_that_resumes_exactl
         assert torch.equal(resumed.model.state_dict()[name], value), name
 
 
-def test_model_checkpoint_rebuilds_the_model_from_json(tmp_path: Path) -> None:
-    config = model_config("NICE", 3, transforms=2, hidden=[8], preprocessing=["Reverse"])
-    model = build_model(config)
+def test_a_checkpoint_rebuilds_its_model_from_the_model_config_in_its_header(tmp_path: Path) -> None:
+    model = flows.NICE(3, transforms=2, hidden=[8]).prepend(flows.Reverse(3))
     flows.testing.perturb_parameters(model)
-    path = save_model(model, tmp_path / "m.ckpt", config, info={"data": "toy"})
+    config = describe_model(model)
+    path = save_checkpoint(tmp_path / "m.ckpt", {"model": model.state_dict()}, config=config, info={"data": "toy"})
     header = read_checkpoint_header(path)
-    assert header["kind"] == "model" and header["config"] == config and header["info"] == {"data": "toy"}
+    assert header["config"] == config and header["info"] == {"data": "toy"}
+    assert config["builder"] == "NICE" and config["preprocessing"] == [{"layer": "Reverse", "options": {}}]
     x = torch.randn(5, 3)
     torch.testing.assert_close(load_model(path).log_prob(x), model.log_prob(x), rtol=0, atol=0)
 
@@ -211,9 +216,9 @@ def test_truncated_and_tampered_checkpoints_are_rejected(tmp_path: Path) -> None
         load_checkpoint(tmp_path / "missing.ckpt")
 
 
-def test_a_checkpoint_without_config_says_how_to_load_it(tmp_path: Path) -> None:
-    path = save_checkpoint(tmp_path / "c.ckpt", {"model": {}}, kind="model")
-    with pytest.raises(CheckpointError, match=r"has no model config; build the model yourself"):
+def test_a_checkpoint_without_config_says_what_it_lacks(tmp_path: Path) -> None:
+    path = save_checkpoint(tmp_path / "c.ckpt", {"model": {}})
+    with pytest.raises(ModelFileError, match=r"expected a checkpoint whose header holds a model config"):
         load_model(path)
 
 
@@ -280,20 +285,25 @@ def test_a_failed_write_leaves_the_previous_checkpoint_intact(tmp_path: Path, mo
 def test_resume_requires_matching_callbacks_and_a_training_checkpoint(tmp_path: Path) -> None:
     trainer = _trainer(tmp_path / "c.ckpt")
     trainer.fit(_levels_data(), epochs=1, batch_size=30)
-    bare = Trainer(build_model(trainer.config))
+    bare = Trainer(_model())
     with pytest.raises(CheckpointError, match="state for 1 callbacks, this trainer has 0"):
         bare.resume(tmp_path / "c.ckpt")
-    save_model(trainer.model, tmp_path / "m.ckpt", trainer.config)
+    save_checkpoint(tmp_path / "m.ckpt", {"model": trainer.model.state_dict()}, config=trainer.config, kind="model")
     with pytest.raises(CheckpointError, match="is a 'model' checkpoint, not a training one"):
         _trainer().resume(tmp_path / "m.ckpt")
 
 
-def test_config_errors_are_clear() -> None:
-    with pytest.raises(ValueError, match="unknown builder 'Nope'"):
-        model_config("Nope", 3)
-    with pytest.raises(ValueError, match="unknown preprocessing layer 'Bogus'"):
-        model_config("RealNVP", 3, preprocessing=["Bogus"])
-    with pytest.raises(TypeError, match="expected JSON values"):
-        model_config("RealNVP", 3, activation=torch.nn.Tanh)
-    with pytest.raises(ValueError, match="expected a dict with 'builder' and 'features'"):
-        build_model({"features": 3})
+def test_config_errors_are_clear(tmp_path: Path) -> None:
+    model = flows.RealNVP(3, transforms=1, hidden=[4])
+    config = describe_model(model)
+    for edit, message in (
+        ({"builder": "Nope"}, r"expected a builder among \[.*'RealNVP'.*\], got 'Nope'"),
+        ({"preprocessing": [{"layer": "Bogus"}]}, r"expected preprocessing layers among .*got \{'layer': 'Bogus'\}"),
+        ({"arguments": {**config["arguments"], "transforms": "2"}}, r"expected argument 'transforms' .* got '2'"),
+        ({"format": "other"}, r"expected a checkpoint whose header holds a model config \(format 'flows.model'"),
+    ):
+        path = save_checkpoint(tmp_path / "c.ckpt", {"model": model.state_dict()}, config={**config, **edit})
+        with pytest.raises(ModelFileError, match=message):
+            load_model(path)
+    with pytest.raises(ModelFileError, match="expected a model made by one of the builders"):
+        describe_model(flows.Flow(flows.Affine(3), flows.StandardNormal(3)))

@@ -126,7 +126,8 @@ def test_os_errors_exit_2_with_one_line(tmp_path: Path, capsys) -> None:
         (["fit", "--data", "moons", "--out", str(tmp_path / "afile" / "sub")], "is a file, not a directory"),
         (["fit", "--data", "moons", "--key", "x"], "key= and levels= apply to data files"),
         (["eval", str(tmp_path / "missing")], "no run directory or model file at"),
-        (["check", str(tmp_path / "afile")], "is not a flows checkpoint"),
+        (["check", str(tmp_path / "afile")], "expected a run directory, a model file (.safetensors or .json) or a"),
+        (["check", str(tmp_path / "afile.ckpt")], "no run directory or model file at"),
     ]
     for argv, message in cases:
         if argv[0] == "fit" and "--out" not in argv:
@@ -280,12 +281,11 @@ def test_options_the_command_line_cannot_carry_are_refused(tmp_path: Path, capsy
 
 
 def test_sample_warns_about_non_finite_samples(moons_run: Path, tmp_path: Path, capsys, monkeypatch) -> None:
-    from flows.train import runs
+    from flows.cli import evaluate
 
-    _, data = runs.load_run(moons_run)
     broken = torch.nn.Module()
     broken.sample = lambda shape: torch.full((*shape, 2), float("nan"))
-    monkeypatch.setattr(runs, "load_run", lambda run, **kwargs: (broken, data))
+    monkeypatch.setattr(evaluate, "load_run_model", lambda args, command, **kwargs: (broken, None))
     assert main(["sample", str(moons_run), "-n", "4", "--out", str(tmp_path / "s.npy")]) == 0
     captured = capsys.readouterr()
     assert "flows sample: warning: 4 of 4 samples have non-finite values" in captured.err

@@ -79,10 +79,11 @@ def test_run_files_are_exactly_what_a_run_writes(tmp_path: Path) -> None:
         assert main(["fit", "--data", data, "--out", str(out), *TINY]) == 0
         written = {p.name for p in out.iterdir()} - {".checkpoint.ckpt.lock"}
         assert written <= set(RUN_FILES), written - set(RUN_FILES)
-        assert {"run.json", "model.ckpt", "checkpoint.ckpt", "metrics.csv", "curves.png", picture} <= written
+        expected = {"run.json", "model.safetensors", "model.json", "checkpoint.ckpt", "metrics.csv", "curves.png"}
+        assert {*expected, picture} <= written
 
 
-@pytest.mark.parametrize("name", ["metrics.csv", "run.json", "model.ckpt", "curves.png", "model.safetensors"])
+@pytest.mark.parametrize("name", ["metrics.csv", "run.json", "model.json", "curves.png", "model.safetensors"])
 def test_a_user_file_of_a_run_name_is_kept_and_the_run_refused(tmp_path: Path, capsys, name: str) -> None:
     out = tmp_path / "mine"
     out.mkdir()
@@ -103,7 +104,7 @@ def test_a_failed_overwrite_run_leaves_no_old_model_beside_its_run_json(tmp_path
     out = tmp_path / "run"
     assert main(["fit", "--data", "iris", "--out", str(out), *TINY, "--no-plots"]) == 0
     old = read_run_file(out)
-    assert "result" in old and (out / "model.ckpt").is_file()
+    assert "result" in old and (out / "model.safetensors").is_file()
 
     import flows.train.trainer as trainer_module
 
@@ -117,10 +118,10 @@ def test_a_failed_overwrite_run_leaves_no_old_model_beside_its_run_json(tmp_path
     assert code == 2 and "checkpoint.ckpt" in _one_error(err)
     now = read_run_file(out)
     assert now["fit"]["seed"] == 1 and "result" not in now  # the new run's file, without a result
-    assert not any((out / n).exists() for n in ("model.ckpt", "model.safetensors", "model.json", "metrics.csv"))
+    assert not any((out / n).exists() for n in ("model.safetensors", "model.json", "metrics.csv"))
     monkeypatch.undo()
     code, err = _run(["eval", str(out)], capsys)
-    assert code == 2 and "no model.ckpt or checkpoint.ckpt" in err  # never the old run's model as this run's
+    assert code == 2 and "no model.safetensors or checkpoint.ckpt" in err  # never the old run's model as this run's
 
 
 def test_an_early_refusal_under_overwrite_keeps_the_old_run(tmp_path: Path, capsys) -> None:
@@ -142,7 +143,7 @@ def test_a_run_whose_every_step_was_skipped_fails_without_a_model(tmp_path: Path
     code, err = _run([*argv, *TINY, "--no-plots", "--batch-size", "512", "--val-fraction", "0.01"], capsys)
     lines = [line for line in err.splitlines() if "error:" in line]
     assert code == 1 and len(lines) == 1 and "skipped as non-finite" in lines[0], err
-    assert not (out / "model.ckpt").exists() and not (out / "model.safetensors").exists()
+    assert not (out / "model.safetensors").exists() and not (out / "model.json").exists()
 
 
 @pytest.mark.parametrize("key", OBJECTIVE_OPTIONS["ml"])

@@ -419,10 +419,10 @@ def test_cli_fit_with_flow_matching_on_a_cnf_and_refusal_for_other_models(tmp_pa
     )
     assert code == 0
     assert "test log-likelihood:" in capsys.readouterr().out
-    assert (out / "model.ckpt").is_file()
+    assert (out / "model.safetensors").is_file()
     stable = ["--model", "FFJORD", "--transforms", "1", "--objective", "fm", "--velocity", "stable", "--sigma", "0.05"]
     code = main(["fit", *tiny, *stable, "--reference-size", "64", "--time-power", "2", "--out", str(tmp_path / "st")])
-    assert code == 0 and (tmp_path / "st" / "model.ckpt").is_file()
+    assert code == 0 and (tmp_path / "st" / "model.safetensors").is_file()
     capsys.readouterr()
     code = main(["fit", *tiny, *stable, "--coupling", "ot", "--out", str(tmp_path / "st-ot")])
     assert code == 2

@@ -339,11 +339,11 @@ def test_loading_leaves_the_global_random_state_alone(tmp_path: Path) -> None:
 
 
 def test_a_bad_map_location_is_refused_for_a_checkpoint_too(tmp_path: Path) -> None:
-    from flows.train import model_config
-    from flows.train import save_model as save_checkpoint_model
+    from flows.model_file import describe_model
+    from flows.train import save_checkpoint
 
-    config = model_config("RealNVP", 2, transforms=1, hidden=[4])
-    path = save_checkpoint_model(flows.train.build_model(config), tmp_path / "model.ckpt", config)
+    model = RealNVP(2, transforms=1, hidden=[4])
+    path = save_checkpoint(tmp_path / "run.ckpt", {"model": model.state_dict()}, config=describe_model(model))
     with pytest.raises(ModelFileError, match="expected map_location"):
         load_model(path, map_location="no-such-device")
     assert type(load_model(path, map_location=torch.device("cpu"))) is RealNVP

@@ -8,7 +8,6 @@ import pytest
 import torch
 
 from flows import FFJORD, IAF, MAF, NICE, NSF, Flow, FreeFormInjectiveFlow, Glow, RealNVP, Standardize
-from flows.train.config import build_model, model_config
 
 OFFSET = torch.tensor([1000.0, -300.0, 3.0])
 SCALE = torch.tensor([50.0, 0.01, 2.0])
@@ -69,9 +68,11 @@ def test_standardize_keeps_builder_methods() -> None:
         Glow((1, 4, 4), scales=1, steps=1, hidden=(4, 4), standardize=images)
 
 
-def test_config_preprocessing_keeps_the_class() -> None:
-    model = build_model(model_config("FFJORD", 2, hidden=[8], preprocessing=["Standardize"]))
-    assert type(model) is FFJORD
+def test_config_preprocessing_keeps_the_class(tmp_path) -> None:
+    from flows import load_model, save_model
+
+    model = load_model(save_model(FFJORD(2, hidden=[8]).prepend(Standardize(2)), tmp_path / "ffjord"))
+    assert type(model) is FFJORD and model.preprocessing == [{"layer": "Standardize", "options": {}}]
     model.log_prob(torch.randn(3, 2))
     assert model.nfe > 0
     assert isinstance(model.transform[0], Standardize)

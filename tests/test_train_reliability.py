@@ -116,7 +116,7 @@ def test_cli_divergence_exits_1_with_one_line_and_keeps_the_last_good_checkpoint
     assert err.startswith("flows fit: error: training diverged at step") and "\n" not in err
     assert err.endswith(f"the last good checkpoint, {str(out / 'checkpoint.ckpt')!r}, is kept")
     state = load_checkpoint(out / "checkpoint.ckpt").state
-    assert all(bool(v.isfinite().all()) for v in state["model"].values()) and not (out / "model.ckpt").exists()
+    assert all(bool(v.isfinite().all()) for v in state["model"].values()) and not (out / "model.safetensors").exists()
     assert main([*argv, "--lr", "inf", "--overwrite"]) == 2
     assert "expected a finite --lr > 0, got inf" in capsys.readouterr().err
 
@@ -135,7 +135,7 @@ def test_cli_finite_divergence_is_an_error_not_a_result(tmp_path: Path, capsys) 
         "flows fit: error: training diverged: expected a validation loss near or below the untrained"
     )
     assert all(line.startswith(("flows fit: warning: ", "flows fit: error: ")) for line in lines), lines
-    assert not (out / "model.ckpt").exists() and not (out / "model.safetensors").exists()
+    assert not (out / "model.safetensors").exists() and not (out / "model.json").exists()
     assert math.isfinite(json.loads((out / "run.json").read_text())["untrained_val_loss"])
 
 
@@ -274,7 +274,7 @@ def test_cli_patience_zero_saves_the_best_epoch_weights(tmp_path: Path) -> None:
     out = tmp_path / "iris"
     assert main(["fit", "--data", "iris", "--epochs", "3", "--patience", "0", "--out", str(out), *TINY]) == 0
     stopper = load_checkpoint(out / "checkpoint.ckpt").state["callbacks"][0]
-    model = load_checkpoint(out / "model.ckpt").state["model"]
+    model = flows.load_model(out).state_dict()
     assert stopper["best_epoch"] is not None and stopper["stopped_epoch"] is None  # kept the best, never stopped
     assert all(torch.equal(model[k], v) for k, v in stopper["best_state"].items())
 
@@ -438,7 +438,7 @@ def test_run_files_keep_the_umask(tmp_path: Path) -> None:
         assert main(["fit", "--data", "iris", "--epochs", "1", "--out", str(tmp_path / "r"), *TINY]) == 0
     finally:
         os.umask(previous)
-    for name in ("run.json", "checkpoint.ckpt", "model.ckpt", "metrics.json", "metrics.csv", "model.safetensors"):
+    for name in ("run.json", "checkpoint.ckpt", "metrics.json", "metrics.csv", "model.safetensors", "model.json"):
         assert stat.S_IMODE((tmp_path / "r" / name).stat().st_mode) == 0o644, name
 
 

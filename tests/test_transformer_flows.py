@@ -382,9 +382,9 @@ def test_standardize_keeps_the_class_and_the_change_of_variables() -> None:
 
 def test_flows_models_lists_tarflow_and_flows_fit_trains_it_on_digits(tmp_path, capsys) -> None:
     from flows.cli import main
-    from flows.train.config import available_models
+    from flows.cli.models import fit_builders
 
-    assert "TarFlow" in available_models()
+    assert "TarFlow" in fit_builders()
     out = tmp_path / "run"
     options = ["--transforms", "2", "--hidden", "16", "--threads", "1", "--option", "patch=4", "--no-plots"]
     assert main(["fit", "--data", "digits", "--model", "TarFlow", "--epochs", "1", "--out", str(out), *options]) == 0

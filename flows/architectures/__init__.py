@@ -1,6 +1,8 @@
 """Paper-named flow builders, all with the signature shape ``Name(features, context=0, *, ...)``.
 
-One module per family; every builder is a :class:`~flows.flow.Flow` subclass.
+One module per family; every builder is a :class:`~flows.flow.Flow` subclass, registered where it
+is defined in the public registry :mod:`flows.architectures.registry` (``builders()``, ``get``,
+``register``), which :func:`flows.save_model` and ``flows models`` read.
 """
 
 from flows.architectures.autoregressive import IAF, MAF, NSF

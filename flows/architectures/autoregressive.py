@@ -15,6 +15,7 @@ import torch
 from torch import Tensor, nn
 
 from flows._validation import check_builder
+from flows.architectures.registry import register
 from flows.bijections.autoregressive import MaskedAutoregressive
 from flows.bijections.base import Bijection, Chain, Inverse
 from flows.bijections.coupling import Coupling, alternating_mask
@@ -101,6 +102,7 @@ class _AffineAutoregressiveFlow(Flow):
         super().__init__(Chain(*chain), StandardNormal(features), context=context, standardize=standardize)
 
 
+@register
 class MAF(_AffineAutoregressiveFlow):
     r"""Masked autoregressive flow: affine autoregressive layers, fast density, sequential sampling.
 
@@ -138,6 +140,7 @@ class MAF(_AffineAutoregressiveFlow):
     """
 
 
+@register
 class IAF(_AffineAutoregressiveFlow):
     r"""Inverse autoregressive flow: MAF's layers inverted, one-pass sampling, sequential density.
 
@@ -170,6 +173,7 @@ class IAF(_AffineAutoregressiveFlow):
     inverted = True
 
 
+@register
 class NSF(Flow):
     r"""Neural spline flow: monotone rational-quadratic splines with autoregressive or coupling conditioners.
 

@@ -16,6 +16,7 @@ import torch
 from torch import Tensor, nn
 
 from flows._validation import check_builder
+from flows.architectures.registry import register
 from flows.bijections.base import Bijection, Chain
 from flows.bijections.circular import CircularRationalQuadraticSpline, CircularShift, IntervalToLine, MixedSpline
 from flows.bijections.coupling import Coupling, alternating_mask
@@ -26,6 +27,7 @@ from flows.nn.circular import CircularMLP
 __all__ = ["NCSF"]
 
 
+@register
 class NCSF(Flow):
     r"""Neural circular spline flow on the torus :math:`[-\pi, \pi)^D` (coupling conditioners).
 

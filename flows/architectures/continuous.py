@@ -7,6 +7,7 @@ from collections.abc import Callable, Sequence
 from torch import Tensor, nn
 
 from flows._validation import check_builder
+from flows.architectures.registry import register
 from flows.bijections.base import Chain
 from flows.bijections.continuous import CNF, MAX_EVALUATIONS, total_nfe
 from flows.bijections.standardize import Standardize
@@ -16,6 +17,7 @@ from flows.flow import Flow
 __all__ = ["FFJORD"]
 
 
+@register
 class FFJORD(Flow):
     r"""FFJORD: continuous normalizing flow blocks trained with Hutchinson traces.
 

@@ -13,6 +13,7 @@ import torch
 from torch import Tensor, nn
 
 from flows._validation import check_builder
+from flows.architectures.registry import register
 from flows.bijections.base import Bijection, Chain
 from flows.bijections.coupling import AdditiveCoupling, AffineCoupling
 from flows.bijections.elementwise import Affine
@@ -112,6 +113,7 @@ def _coupling_chain(
     return _alternating(features, [*layers, *(make(features) for make in tail)])
 
 
+@register
 class RealNVP(Flow):
     r"""RealNVP for vectors: affine couplings with alternating even/odd masks.
 
@@ -173,6 +175,7 @@ class RealNVP(Flow):
         super().__init__(chain, StandardNormal(features), context=context, standardize=standardize)
 
 
+@register
 class NICE(Flow):
     r"""NICE: additive (volume-preserving) couplings with alternating masks, then a diagonal scaling.
 

@@ -36,6 +36,7 @@ import torch
 from torch import Tensor, nn
 
 from flows._validation import check_event
+from flows.architectures.registry import register
 from flows.flow import Flow
 
 __all__ = ["DependentFlow", "MatrixNormal"]
@@ -189,6 +190,7 @@ class MatrixNormal(nn.Module):
         return lam
 
 
+@register
 class DependentFlow(nn.Module):
     r"""A flow's transform with a :class:`MatrixNormal` base over the training set.
 
@@ -207,8 +209,14 @@ class DependentFlow(nn.Module):
         torch.Size([3])
     """
 
+    #: Tensor arguments whose content the weights hold (``K``'s eigendecomposition is a buffer): a model
+    #: file records only their shape, and a rebuild passes zeros of that shape before loading the weights.
+    rebuilt_from_weights = ("relationship",)
+
     def __init__(self, flow: Flow, relationship: Tensor, *, lam: float = 0.5, learn_lambda: bool = True) -> None:
         super().__init__()
+        # what flows.save_model writes (a Flow records its arguments itself; this model is a plain Module)
+        object.__setattr__(self, "_arguments", ((flow, relationship), {"lam": lam, "learn_lambda": learn_lambda}))
         if len(flow.transform.event_shape_out) != 1:
             raise ValueError("DependentFlow: expected a flow over vectors (event shape (p,))")
         self.flow = flow

@@ -24,6 +24,7 @@ import torch
 from torch import Tensor, nn
 
 from flows._validation import as_sample_shape, check_activation, check_choice, check_count, check_hidden, check_number
+from flows.architectures.registry import register
 from flows.bijections.base import Bijection, Chain
 from flows.bijections.circulant import CirculantDiagonal2d
 from flows.bijections.conv import Invertible1x1Conv
@@ -46,6 +47,7 @@ SPLITS = ("static", "eiw")
 COUPLINGS = ("affine", "additive")
 
 
+@register
 class Glow(Flow):
     r"""Glow for ``(C, H, W)`` images: ``scales`` × (squeeze → ``steps`` × step → [EIW shuffle] → split).
 

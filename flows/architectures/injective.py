@@ -14,6 +14,7 @@ import torch
 from torch import Tensor, nn
 
 from flows._validation import check_builder, check_event, check_finite, check_like, check_nonnegative
+from flows.architectures.registry import register
 from flows.bijections.base import Chain
 from flows.bijections.injective import FreeFormInjective
 from flows.bijections.standardize import Standardize
@@ -23,6 +24,7 @@ from flows.flow import Flow, _as_size
 __all__ = ["FreeFormInjectiveFlow"]
 
 
+@register
 class FreeFormInjectiveFlow(Flow):
     r"""Free-form injective flow: an encoder/decoder pair, an optional latent flow, and the FIF loss.
 

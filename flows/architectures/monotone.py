@@ -17,6 +17,7 @@ from torch import Tensor, nn
 
 from flows._validation import check_builder, check_count, check_hidden
 from flows.architectures.autoregressive import _autoregressive_layers
+from flows.architectures.registry import register
 from flows.bijections.base import Bijection, Chain
 from flows.bijections.block_autoregressive import BlockAutoregressive
 from flows.bijections.monotone import (
@@ -73,6 +74,7 @@ class _MonotoneAutoregressiveFlow(Flow):
         super().__init__(Chain(*layers), StandardNormal(features), context=context, standardize=standardize)
 
 
+@register
 class NAF(_MonotoneAutoregressiveFlow):
     r"""Neural autoregressive flow: deep sigmoidal transformers driven by MADEs.
 
@@ -134,6 +136,7 @@ class NAF(_MonotoneAutoregressiveFlow):
         )
 
 
+@register
 class UNAF(_MonotoneAutoregressiveFlow):
     r"""Unconstrained monotonic neural autoregressive flow: UMNN transformers driven by MADEs.
 
@@ -195,6 +198,7 @@ class UNAF(_MonotoneAutoregressiveFlow):
         )
 
 
+@register
 class SOSPF(_MonotoneAutoregressiveFlow):
     r"""Sum-of-squares polynomial flow: SOS polynomial transformers driven by MADEs.
 
@@ -253,6 +257,7 @@ class SOSPF(_MonotoneAutoregressiveFlow):
         )
 
 
+@register
 class BPF(_MonotoneAutoregressiveFlow):
     r"""Bernstein polynomial flow: Bernstein transformers on ``[-bound, bound]`` (linear tails) driven by MADEs.
 
@@ -311,6 +316,7 @@ class BPF(_MonotoneAutoregressiveFlow):
         )
 
 
+@register
 class BNAF(Flow):
     r"""Block neural autoregressive flow: ``transforms`` block-triangular monotone networks in alternating orders.
 

@@ -13,6 +13,7 @@ from collections.abc import Sequence
 from torch import Tensor
 
 from flows._validation import check_builder
+from flows.architectures.registry import register
 from flows.bijections.base import Bijection, Chain
 from flows.bijections.normalization import ActNorm
 from flows.bijections.residual import ResidualBlock
@@ -23,6 +24,7 @@ from flows.flow import Flow
 __all__ = ["ResidualFlow"]
 
 
+@register
 class ResidualFlow(Flow):
     r"""Residual flow for vectors: blocks :math:`x \mapsto x + g_l(x)` with :math:`\operatorname{Lip}(g_l) < 1`.
 

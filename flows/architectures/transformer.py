@@ -25,6 +25,7 @@ from flows._validation import (
     check_like,
     check_nonnegative,
 )
+from flows.architectures.registry import register
 from flows.bijections.base import Bijection, Chain, Inverse
 from flows.bijections.multiscale import Flatten
 from flows.bijections.patchify import Patchify
@@ -60,6 +61,7 @@ def _tokenizer(who: str, features: int | Sequence[int], patch: int | None, token
     return Inverse(Flatten((features // token_features, token_features)))
 
 
+@register
 class TarFlow(Flow):
     r"""Transformer autoregressive flow: ``transforms`` TarFlow blocks in alternating token orders.
 

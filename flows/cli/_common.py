@@ -2,7 +2,6 @@
 
 from __future__ import annotations
 
-import argparse
 import os
 import sys
 from pathlib import Path
@@ -53,13 +52,6 @@ class DataChanged(ValueError):
     """The data a command loaded no longer matches the fingerprint its run recorded."""
 
 
-def _run_checkpoint(run: Path) -> Path:
-    """The checkpoint file :func:`flows.train.runs.load_run` reads for ``run`` (a directory or a file)."""
-    if run.is_dir():
-        return next((c for c in (run / "model.ckpt", run / "checkpoint.ckpt") if c.is_file()), run / "model.ckpt")
-    return run
-
-
 def _verify_fingerprint(info: dict, now: dict, where: Path, command: str, *, refuse: bool, how: str = "") -> None:
     """Compare the data fingerprint recorded in a checkpoint's ``info`` with the data loaded now.
 
@@ -98,14 +90,3 @@ def _check_output_file(path: Path, what: str) -> None:
     if path.is_dir():
         raise IsADirectoryError(f"{what}: expected a file path, got the directory {str(path)!r}")
     _check_writable_directory(path.parent, what)
-
-
-def _check_run_data(args: argparse.Namespace, data, command: str, *, refuse: bool = True) -> None:
-    """Refuse (or with ``--allow-changed-data``, warn) when the run's data changed since it was trained."""
-    from flows.data.dataset import data_fingerprint
-    from flows.train import read_checkpoint_header
-
-    info = read_checkpoint_header(_run_checkpoint(args.run)).get("info") or {}
-    refuse = refuse and not getattr(args, "allow_changed_data", False)
-    how = f"pass --allow-changed-data to {command} on it anyway"
-    _verify_fingerprint(info, data_fingerprint(data), args.run, command, refuse=refuse, how=how)

@@ -7,7 +7,7 @@ import json
 from pathlib import Path
 from typing import TYPE_CHECKING
 
-from flows.cli._common import _check_run_data, _verify_fingerprint
+from flows.cli._common import _verify_fingerprint
 
 if TYPE_CHECKING:
     import torch
@@ -15,43 +15,52 @@ if TYPE_CHECKING:
 __all__ = ["eval", "load_run_model"]
 
 
-def _has_model_file(run: Path) -> bool:
-    if run.is_dir():
-        return (run / "model.safetensors").exists() or (run / "model.json").exists()
-    return run.suffix in (".safetensors", ".json")
+def _model_source(run: Path) -> Path:
+    """The file that holds a run's model: a run directory's model file, else its training checkpoint."""
+    if not run.exists() and not run.with_suffix(".safetensors").exists():
+        raise FileNotFoundError(f"no run directory or model file at {str(run)!r}")
+    if not run.is_dir() and run.is_file() and run.suffix not in (".safetensors", ".json", ".ckpt"):
+        raise ValueError(
+            f"expected a run directory, a model file (.safetensors or .json) or a training checkpoint (.ckpt), "
+            f"got the file {str(run)!r}"
+        )
+    if not run.is_dir():
+        return run
+    for name in ("model.safetensors", "model.json", "checkpoint.ckpt"):
+        if (run / name).exists():
+            return run / ("model.safetensors" if name == "model.json" else name)  # load_model names what lacks
+    raise FileNotFoundError(
+        f"no model.safetensors or checkpoint.ckpt in {str(run)!r}: is it a flows fit run directory?"
+    )
 
 
-def load_run_model(args: argparse.Namespace, command: str) -> tuple[torch.nn.Module, object]:
-    """The model of ``args.run`` and its data set, from the one verified model file when the run has one.
+def load_run_model(args: argparse.Namespace, command: str, *, refuse: bool = True) -> tuple[torch.nn.Module, object]:
+    """The model of ``args.run`` and its data set, both from one verified file.
 
-    A run directory with ``model.safetensors`` (or a ``.safetensors``/``.json`` path) is read with
-    :func:`flows.load_model`, which verifies the file's digests and refuses a ``model.json`` that
-    differs from it; the data set and its fingerprint come from the same file. A ``.ckpt`` path,
-    or a run directory written before model files existed, is read from its checkpoint.
+    A run directory's ``model.safetensors`` (or a ``.safetensors``/``.json`` path) and a training
+    checkpoint (``checkpoint.ckpt`` of a run that has no model file yet, or a ``.ckpt`` path) are read
+    with :func:`flows.load_model`, which verifies them; the data set and its fingerprint come from
+    the same file (the model config's ``info``, or the checkpoint header's). A changed data set is
+    refused (``refuse``, unless ``--allow-changed-data``) or warned about.
     """
-    run = Path(args.run)
-    if not _has_model_file(run):
-        from flows.train.runs import load_run
-
-        model, data = load_run(run, data_dir=args.data_dir)
-        if data is not None:
-            _check_run_data(args, data, command)
-        return model, data
     from flows.data.dataset import data_fingerprint, load_dataset
     from flows.model_file import load_model, read_model_config
+    from flows.train import read_checkpoint_header
 
-    model = load_model(run)
-    info = read_model_config(run).get("info") or {}
+    source = _model_source(Path(args.run))
+    model = load_model(source)
+    header = read_checkpoint_header(source) if source.suffix == ".ckpt" else read_model_config(source)
+    info = header.get("info") or {}
     spec = info.get("data") if isinstance(info, dict) else None
     if spec is None:
         return model, None
     spec = dict(spec)
-    if args.data_dir is not None:
+    if getattr(args, "data_dir", None) is not None:
         spec["data_dir"] = str(args.data_dir)
     data = load_dataset(**spec)
-    refuse = not getattr(args, "allow_changed_data", False)
+    refuse = refuse and not getattr(args, "allow_changed_data", False)
     how = f"pass --allow-changed-data to {command} on it anyway"
-    _verify_fingerprint(info, data_fingerprint(data), run, command, refuse=refuse, how=how)
+    _verify_fingerprint(info, data_fingerprint(data), args.run, command, refuse=refuse, how=how)
     return model, data
 
 

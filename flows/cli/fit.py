@@ -32,9 +32,10 @@ def _check_options(builder_name: str, options: list[tuple[str, object]], objecti
     """
     import inspect
 
-    from flows.train.config import _architectures, fit_can_build
+    from flows.architectures.registry import get
+    from flows.cli.models import fit_can_build
 
-    builder = _architectures().get(builder_name)
+    builder = get(builder_name, None)
     if builder is None:
         return
     parameters = inspect.signature(builder).parameters
@@ -45,7 +46,12 @@ def _check_options(builder_name: str, options: list[tuple[str, object]], objecti
             f"--model {builder_name}: expected a builder that flows fit can build and train (see flows models), "
             f"got one with options {names}; build {builder_name} from Python"
         )
-    for key, value in options:
+    renamed = getattr(builder.__init__ if isinstance(builder, type) else builder, "renamed_keywords", {})
+    for i, (key, value) in enumerate(options):
+        if key in renamed:  # an old keyword: still accepted for one release, under its new name
+            print(f"flows fit: warning: --option {key}= is deprecated, use {renamed[key]}=", file=sys.stderr)
+            key = renamed[key]
+            options[i] = (key, value)
         users = [name for name, keys in OBJECTIVE_OPTIONS.items() if key in keys]
         if users and objective not in users:
             raise ValueError(
@@ -200,9 +206,9 @@ def _check_directory(run: _Run) -> None:
 
 def _check_model_flags(args: argparse.Namespace) -> None:
     """Refuse a builder that ``flows fit`` cannot train, its ill-typed options, and flags the objective ignores."""
-    from flows.train.config import _architectures
+    from flows.architectures.registry import get
 
-    builder = _architectures().get(args.model)
+    builder = get(args.model, None)
     if builder is not None and not getattr(builder, "likelihood_trainable", True):
         raise ValueError(
             f"flows fit trains by maximum likelihood, which is not how {args.model} is trained; "
@@ -215,12 +221,14 @@ def _check_model_flags(args: argparse.Namespace) -> None:
 
 def _build_model(run: _Run) -> torch.nn.Module:
     """The model of ``--model`` for the data, seeded by ``--seed``; sets ``run.config``."""
+    from flows.model_file import describe_model
     from flows.train.runs import model_for_data
 
     args = run.args
     torch.manual_seed(args.seed)
     options = {"transforms": args.transforms, "hidden": args.hidden, **dict(args.option)}
-    model, run.config = model_for_data(run.data, args.model, standardize=not args.no_standardize, **options)
+    model = model_for_data(run.data, args.model, standardize=not args.no_standardize, **options)
+    run.config = describe_model(model)  # what the checkpoints, run.json and the model file record
     n_params = sum(p.numel() for p in model.parameters())
     run.say(f"model {args.model} ({n_params:,} parameters), {run.config['preprocessing'] or 'no'} preprocessing")
     return model
@@ -404,20 +412,19 @@ def _finish(run: _Run) -> int:
             file=sys.stderr,
         )
         return 1
-    written, model_file = _save_trained_model(run)
+    written = _save_trained_model(run)
     result = _result(run)
     _write_outputs(run, result, written)
-    return _report(run, result, written, model_file)
+    return _report(run, result, written)
 
 
-def _save_trained_model(run: _Run) -> tuple[list[Path], Path | None]:
-    """Write the trained model: ``model.ckpt`` and the model file; the paths written, and the model file's."""
-    from flows.train import save_model
+def _save_trained_model(run: _Run) -> list[Path]:
+    """Write the trained model file (``model.safetensors`` + ``model.json``); the paths written."""
+    from flows.model_file import save_model
 
     info = {"data": run.spec, "data_fingerprint": run.fingerprint}
-    model_path = save_model(run.trainer.model, run.out / "model.ckpt", run.config, info=info)
-    model_file = _write_model_file(run.trainer.model, run.out, info)
-    return [model_path], model_file
+    model_path = save_model(run.trainer.model, run.out, info=info)
+    return [model_path, model_path.with_suffix(".json")]
 
 
 def _result(run: _Run) -> dict:
@@ -452,7 +459,7 @@ def _write_outputs(run: _Run, result: dict, written: list[Path]) -> None:
         written += [run.out / "curves.png", *_pictures(run.trainer.model, run.data, run.out)]
 
 
-def _report(run: _Run, result: dict, written: list[Path], model_file: Path | None) -> int:
+def _report(run: _Run, result: dict, written: list[Path]) -> int:
     """Print the run's events, its test result and its files; 1 when the test log-likelihood is not finite."""
     trainer, say = run.trainer, run.say
     for event in trainer.history.events:
@@ -468,8 +475,7 @@ def _report(run: _Run, result: dict, written: list[Path], model_file: Path | Non
         print(line)
     files = ", ".join(str(p) for p in written)
     say(f"trained {result['epochs']:g} epochs ({trainer.step} steps) in {trainer.elapsed:.1f} s; wrote {files}")
-    if model_file is not None:
-        say(f"model file: {model_file} + {model_file.with_suffix('.json').name} (flows.load_model({str(run.out)!r}))")
+    say(f"load the model with flows.load_model({str(run.out)!r})")
     if "test" in result and not math.isfinite(result["test"]["log_likelihood"]):
         print(
             f"flows fit: error: expected a finite test log-likelihood, got {result['test']['log_likelihood']}: the "
@@ -561,17 +567,6 @@ def _worse_than_untrained(history: History, untrained: object) -> str | None:
     if best <= baseline + max(1.0, abs(baseline) / 2):
         return None
     return f"expected a validation loss near or below the untrained model's {baseline:.4g} nats, got at best {best:.4g}"
-
-
-def _write_model_file(model: torch.nn.Module, out: Path, info: dict) -> Path | None:
-    """Write ``model.safetensors`` and ``model.json`` in ``out`` (None, with a note, if no config fits)."""
-    from flows.model_file import ModelFileError, save_model
-
-    try:
-        return save_model(model, out, info=info)
-    except ModelFileError as error:
-        print(f"flows fit: no model.safetensors written: {error}", file=sys.stderr)
-        return None
 
 
 def _plain(values: dict) -> dict:

@@ -56,8 +56,8 @@ def _fit_options(sub: argparse._SubParsersAction) -> None:
         "fit",
         help="train a flow on data and write a run directory",
         description=(
-            "Train a flow by maximum likelihood. Writes run.json, model.ckpt, checkpoint.ckpt, metrics.json/csv "
-            "and pictures to --out, prints the test log-likelihood (and bits/dim for integer data)."
+            "Train a flow by maximum likelihood. Writes run.json, model.safetensors/json, checkpoint.ckpt, "
+            "metrics.json/csv and pictures to --out, prints the test log-likelihood (and bits/dim for integer data)."
         ),
     )
     add_fit_flags(fit)
@@ -66,7 +66,7 @@ def _fit_options(sub: argparse._SubParsersAction) -> None:
 def _eval_options(sub: argparse._SubParsersAction) -> None:
     """``flows eval RUN``."""
     ev = sub.add_parser("eval", help="test log-likelihood (and bits/dim) of a trained run")
-    ev.add_argument("run", type=Path, help="run directory or model.ckpt")
+    ev.add_argument("run", type=Path, help="run directory, model file (.safetensors) or checkpoint (.ckpt)")
     ev.add_argument("--split", choices=("test", "val", "train"), default="test")
     ev.add_argument(
         "--draws",
@@ -86,7 +86,7 @@ def _eval_options(sub: argparse._SubParsersAction) -> None:
 def _sample_options(sub: argparse._SubParsersAction) -> None:
     """``flows sample RUN``."""
     sample = sub.add_parser("sample", help="draw samples to .npy and a picture")
-    sample.add_argument("run", type=Path, help="run directory or model.ckpt")
+    sample.add_argument("run", type=Path, help="run directory, model file (.safetensors) or checkpoint (.ckpt)")
     sample.add_argument(
         "-n", "--num", type=_integer(1, what="a number of samples"), default=64, help="number of samples (default: 64)"
     )
@@ -101,7 +101,7 @@ def _sample_options(sub: argparse._SubParsersAction) -> None:
 def _check_options(sub: argparse._SubParsersAction) -> None:
     """``flows check RUN``."""
     check = sub.add_parser("check", help="run flows.testing.check_bijection on every layer of a trained model")
-    check.add_argument("run", type=Path, help="run directory or model.ckpt")
+    check.add_argument("run", type=Path, help="run directory, model file (.safetensors) or checkpoint (.ckpt)")
     check.add_argument(
         "--num",
         type=_integer(1, what="a number of test points"),

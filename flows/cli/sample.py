@@ -11,7 +11,7 @@ from pathlib import Path
 import numpy as np
 import torch
 
-from flows.cli._common import _check_output_file, _check_run_data
+from flows.cli._common import _check_output_file
 from flows.train._atomic import atomic_path, atomic_write_bytes
 
 __all__ = ["sample"]
@@ -29,8 +29,8 @@ def _unused_names(out: Path, picture: Path) -> tuple[Path, Path]:
 
 def sample(args: argparse.Namespace) -> int:
     """``flows sample RUN``: write samples and a picture under unused names; returns 0."""
+    from flows.cli.evaluate import load_run_model
     from flows.plot import plot_corner, plot_image_grid
-    from flows.train.runs import load_run
 
     if args.num < 1:
         raise ValueError(f"expected -n/--num >= 1, got {args.num}")
@@ -48,9 +48,7 @@ def sample(args: argparse.Namespace) -> int:
     _check_output_file(out, "--out")
     _check_output_file(picture, "--picture")
     _check_picture_format(picture)
-    model, data = load_run(args.run)
-    if data is not None:
-        _check_run_data(args, data, "sample", refuse=False)  # samples do not depend on the data: warn only
+    model, data = load_run_model(args, "sample", refuse=False)  # samples do not depend on the data: warn only
     samples = _draw(model, args.num, args.seed)
     finite = torch.isfinite(samples.reshape(len(samples), -1)).all(dim=1)
     if not bool(finite.all()):

@@ -6,6 +6,7 @@ from collections.abc import Sequence
 from typing import Any
 
 from flows._validation import check_hidden
+from flows.architectures.registry import register
 from flows.bijections.continuous import CNF
 from flows.flow import Flow
 from flows.nn.egnn import EGNN
@@ -16,6 +17,7 @@ __all__ = ["EquivariantCNF"]
 _HIDDEN = (32, 32, 32)
 
 
+@register
 class EquivariantCNF(Flow):
     r"""E(n)-equivariant continuous normalizing flow for ``n`` identical particles in ``d`` dimensions.
 

@@ -11,9 +11,9 @@
 * regression onto latent–data pairs (:mod:`flows.train.regression`): :class:`PairRegression`
   (FORT / RegFlow; pairs from :mod:`flows.train.pairs`);
 * callbacks: :class:`EarlyStopping`, :class:`MetricsLogger`, :class:`PrintMetrics`, :class:`RecordNFE`;
-* checkpoints: :func:`save_checkpoint`, :func:`load_checkpoint`, :func:`save_model`,
-  :func:`load_model`, model configs (:func:`model_config`, :func:`build_model`,
-  :func:`register_model`);
+* checkpoints: :func:`save_checkpoint`, :func:`load_checkpoint` (the training state, with the
+  model config of :func:`flows.model_file.describe_model` in the header; models themselves are
+  saved with :func:`flows.save_model` and rebuilt with :func:`flows.load_model`);
 * :mod:`flows.train.distributed`: ``torch.distributed`` helpers;
 * representation alignment of TarFlows with a frozen encoder (REPA / FlowBack):
   :class:`RepresentationAlignment`.
@@ -26,12 +26,9 @@ from flows.train.checkpoint import (
     Checkpoint,
     CheckpointError,
     load_checkpoint,
-    load_model,
     read_checkpoint_header,
     save_checkpoint,
-    save_model,
 )
-from flows.train.config import available_models, build_model, model_config, register_model
 from flows.train.energy import (
     AnnealTemperature,
     ForwardKL,
@@ -73,17 +70,11 @@ __all__ = [
     "TrainingWarning",
     "WeightedSum",
     "annealed_temperature",
-    "available_models",
-    "build_model",
     "default_optimizer",
     "forward_kl_loss",
     "load_checkpoint",
-    "load_model",
-    "model_config",
     "pair_regression_loss",
     "read_checkpoint_header",
-    "register_model",
     "reverse_kl_loss",
     "save_checkpoint",
-    "save_model",
 ]

@@ -4,8 +4,9 @@ File layout (one file)::
 
     b"FLOWSCKPT\\n" | header length (8 bytes, little endian) | header (JSON) | payload | SHA-256 (32 bytes)
 
-* the **header** is plain JSON: format version, kind (``"training"`` or ``"model"``), the model
-  config that rebuilds the model (:mod:`flows.train.config`), library versions and free-form info.
+* the **header** is plain JSON: format version, kind (``"training"``), the model config that
+  rebuilds the model (:func:`flows.model_file.describe_model`, the dict a model file stores; so
+  :func:`flows.load_model` rebuilds a checkpoint's model), library versions and free-form info.
   It is parsed only after the whole file has passed its checksum (:func:`read_checkpoint_header`);
 * the **payload** is a ``torch.save`` archive of tensors and plain containers only (state dicts,
   optimizer and scheduler state, random generator states, counters). It is read with
@@ -41,7 +42,6 @@ from typing import Any
 
 import numpy as np
 import torch
-from torch import nn
 
 from flows.train._atomic import atomic_write_bytes
 
@@ -52,11 +52,9 @@ __all__ = [
     "check_finite_state",
     "check_training_state",
     "load_checkpoint",
-    "load_model",
     "read_checkpoint_header",
     "restore_rng_state",
     "save_checkpoint",
-    "save_model",
     "training_state_problem",
 ]
 
@@ -102,8 +100,8 @@ def save_checkpoint(
         path: destination file (parent directories are created).
         state: the payload; must load under ``torch.load(weights_only=True)`` (tensors, numbers,
             strings, ``None``, lists, tuples, dicts).
-        config: model config that rebuilds the model (see :func:`flows.train.build_model`).
-        kind: ``"training"`` (resumable run) or ``"model"`` (weights only).
+        config: the model config that rebuilds the model (:func:`flows.model_file.describe_model`).
+        kind: ``"training"`` (a resumable run; models are saved as model files, :func:`flows.save_model`).
         info: extra JSON-serialisable facts for the header (data set, metrics, ...).
 
     Example:
@@ -459,52 +457,6 @@ def load_checkpoint(path: str | os.PathLike, *, map_location: str | torch.device
     if not isinstance(state, dict):
         raise CheckpointError(f"checkpoint {str(path)!r}: expected a dict payload, got {type(state).__name__}")
     return Checkpoint(header, state)
-
-
-def save_model(
-    model: nn.Module, path: str | os.PathLike, config: dict[str, Any] | None, *, info: dict[str, Any] | None = None
-) -> Path:
-    """Save a model's weights with the config that rebuilds it (see :func:`load_model`).
-
-    Example:
-        >>> import tempfile, torch
-        >>> from flows.train import build_model, model_config
-        >>> config = model_config("RealNVP", 2, transforms=2, hidden=[8])
-        >>> model = build_model(config)
-        >>> path = save_model(model, tempfile.mkdtemp() + "/model.ckpt", config)
-        >>> x = torch.randn(3, 2)
-        >>> torch.equal(load_model(path).log_prob(x), model.log_prob(x))
-        True
-    """
-    return save_checkpoint(path, {"model": model.state_dict()}, config=config, kind="model", info=info)
-
-
-def load_model(path: str | os.PathLike, *, map_location: str | torch.device | None = "cpu") -> nn.Module:
-    """Rebuild a model from a checkpoint's config and load its weights (training or model checkpoints).
-
-    Raises:
-        CheckpointError: for a damaged file, or one without a model config.
-    """
-    from flows.train.config import build_model
-
-    checkpoint = load_checkpoint(path, map_location=map_location)
-    if checkpoint.config is None:
-        raise CheckpointError(
-            f"checkpoint {str(path)!r} has no model config; build the model yourself and call "
-            "model.load_state_dict(load_checkpoint(path).state['model'])"
-        )
-    if not isinstance(checkpoint.state.get("model"), dict):
-        raise CheckpointError(
-            f"checkpoint {str(path)!r}: expected the model's weights under 'model', it has "
-            f"{sorted(map(str, checkpoint.state))}"
-        )
-    check_finite_state(checkpoint.state["model"], path, "state['model']")
-    try:
-        model = build_model(checkpoint.config)
-        model.load_state_dict(checkpoint.state["model"])
-    except (KeyError, RuntimeError, TypeError, ValueError) as error:
-        raise CheckpointError(f"checkpoint {str(path)!r}: could not rebuild its model: {error}") from error
-    return model.to(map_location) if map_location is not None else model
 
 
 def capture_rng_state() -> dict[str, Any]:

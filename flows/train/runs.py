@@ -3,20 +3,20 @@
 A run directory holds::
 
     run.json          data spec, model config, fit settings, final test metrics
-    model.ckpt        the trained model (best weights), self-describing (config + data spec in its header)
-    checkpoint.ckpt   the resumable training state (``flows fit ... --resume``)
+    model.safetensors/json  the trained model (best weights) as a model file (:func:`flows.load_model`),
+                      with the data spec in its config's ``info``
+    checkpoint.ckpt   the resumable training state (``flows fit ... --resume``), with the same model config
     metrics.json/csv  the per-epoch history
-    model.safetensors/json  the trained model as a model file (:func:`flows.load_model`)
     *.png             training curves and pictures of samples
     tensorboard/      TensorBoard scalars, when ``tensorboard`` is installed
 
 :data:`RUN_FILES` names every entry ``flows fit`` writes there: those names are what a run owns.
 ``flows fit`` refuses a directory that holds any of them before it trains (a user's own
-``metrics.csv`` or ``model.ckpt`` is never replaced silently), and ``--overwrite`` removes all of
+``metrics.csv`` or ``model.json`` is never replaced silently), and ``--overwrite`` removes all of
 them first, so a run that fails midway never leaves the old run's model next to its own files.
 
 The data spec is the set of :func:`flows.data.load_dataset` arguments, so the same splits come
-back. :func:`model_for_data` builds the model of a config for a data set, with the preprocessing
+back. :func:`model_for_data` builds a registered builder for a data set, with the preprocessing
 that makes ``log_prob`` refer to the raw data: a logit layer for dequantized integer data, a
 :class:`~flows.bijections.Standardize` fitted on the training split for continuous data.
 """
@@ -32,14 +32,13 @@ from typing import Any
 import torch
 from torch import Tensor, nn
 
+from flows.bijections.elementwise import Logit
 from flows.bijections.standardize import Standardize
-from flows.data.dataset import Dataset, load_dataset
+from flows.data.dataset import Dataset
 from flows.data.dequantization import uniform_dequantize
 from flows.flow import evaluating
 from flows.metrics.density import bits_per_dim
 from flows.train._atomic import atomic_write_text
-from flows.train.checkpoint import load_model, read_checkpoint_header
-from flows.train.config import build_model, model_config
 
 __all__ = [
     "REFUSED_POLICIES",
@@ -48,7 +47,6 @@ __all__ = [
     "check_same_run",
     "evaluate_log_likelihood",
     "json_number",
-    "load_run",
     "model_for_data",
     "read_run_file",
     "remove_run_files",
@@ -62,9 +60,8 @@ __all__ = [
 #: (``.checkpoint.ckpt.lock``) and the temporaries of atomic writes (``.<name>.<random>.tmp``) derive from them.
 RUN_FILES: dict[str, str] = {
     "run.json": "data spec, model config, fit settings, final test metrics",
-    "model.ckpt": "the trained model (best weights)",
     "checkpoint.ckpt": "the resumable training state",
-    "model.safetensors": "the trained model's weights (model file)",
+    "model.safetensors": "the trained model's weights (model file, best weights)",
     "model.json": "the trained model's configuration (model file)",
     "metrics.json": "the per-epoch history",
     "metrics.csv": "the per-epoch history",
@@ -145,33 +142,35 @@ def model_for_data(
     standardize: bool = True,
     logit_alpha: float = 0.05,
     **options: Any,
-) -> tuple[nn.Module, dict[str, Any]]:
-    """Build ``builder`` for a data set, with preprocessing inside the flow, and return ``(model, config)``.
+) -> nn.Module:
+    """Build ``builder`` (a name of :func:`flows.architectures.registry.builders`) for a data set, preprocessing inside.
 
     Integer data with ``levels`` gets a ``Logit(alpha)`` layer (the dequantized values lie in
     ``[0, 1)``); continuous data gets a :class:`~flows.bijections.Standardize` layer with the
     training split's statistics (``standardize=False`` to skip it). Either way ``log_prob`` is the
-    density of the raw (dequantized) data, preprocessing log-determinant included.
+    density of the raw (dequantized) data, preprocessing log-determinant included. The flow records
+    its preprocessing, so :func:`flows.model_file.describe_model` and :func:`flows.save_model`
+    describe it whole.
 
     Example:
         >>> from flows.data import load_dataset
         >>> data = load_dataset("iris")
-        >>> model, config = model_for_data(data, "RealNVP", transforms=2, hidden=[16])
-        >>> [p["layer"] for p in config["preprocessing"]], model.log_prob(data.test).shape
+        >>> model = model_for_data(data, "RealNVP", transforms=2, hidden=[16])
+        >>> [p["layer"] for p in model.preprocessing], model.log_prob(data.test).shape
         (['Standardize'], torch.Size([30]))
     """
+    from flows.architectures.registry import get
+
+    model = get(builder)(data.features, **options)
     if data.levels is not None:
-        preprocessing = [("Logit", {"alpha": logit_alpha})]
-    else:
-        preprocessing = ["Standardize"] if standardize else []
-    config = model_config(builder, data.features, preprocessing=preprocessing, **options)
-    model = build_model(config)
-    if data.levels is None and standardize:
+        model.prepend(Logit(model.event_shape, alpha=logit_alpha), options=[{"alpha": logit_alpha}])
+    elif standardize:
         fitted = Standardize.fit(data.train.reshape(len(data.train), -1))
-        layer = next(m for m in model.modules() if isinstance(m, Standardize))
-        layer.loc.copy_(fitted.loc)
-        layer.scale.copy_(fitted.scale)
-    return model, config
+        layer = Standardize(model.event_shape)
+        layer.loc.copy_(fitted.loc.reshape(layer.loc.shape))
+        layer.scale.copy_(fitted.scale.reshape(layer.scale.shape))
+        model.prepend(layer, options=[{}])
+    return model
 
 
 def run_files_in(directory: str | os.PathLike) -> list[Path]:
@@ -210,35 +209,6 @@ def read_run_file(directory: str | os.PathLike) -> dict[str, Any]:
     """Read ``run.json`` (an empty dict when there is none)."""
     path = Path(directory) / "run.json"
     return json.loads(path.read_text(encoding="utf-8")) if path.is_file() else {}
-
-
-def load_run(run: str | os.PathLike, *, data_dir: str | os.PathLike | None = None) -> tuple[nn.Module, Dataset | None]:
-    """The trained model of a run directory (or a ``model.ckpt`` file) and its data set.
-
-    Raises:
-        FileNotFoundError: when there is no model in the run.
-    """
-    path = Path(run)
-    if not path.exists():
-        raise FileNotFoundError(f"no run directory or model file at {str(path)!r}")
-    if path.is_dir():
-        candidates = [path / "model.ckpt", path / "checkpoint.ckpt"]
-        found = next((c for c in candidates if c.is_file()), None)
-        if found is None:
-            raise FileNotFoundError(
-                f"no model.ckpt or checkpoint.ckpt in {str(path)!r}: is it a flows fit run directory?"
-            )
-        path = found
-    header = read_checkpoint_header(path)
-    model = load_model(path)
-    spec = header.get("info", {}).get("data")
-    data = None
-    if spec is not None:
-        spec = dict(spec)
-        if data_dir is not None:
-            spec["data_dir"] = str(data_dir)
-        data = load_dataset(**spec)
-    return model, data
 
 
 @torch.no_grad()

@@ -79,8 +79,8 @@ class Trainer:
         checkpoint: file to write resumable checkpoints to (``None``: no checkpoints).
         checkpoint_every: seconds between checkpoints (also written at the end of :meth:`fit`).
         checkpoint_every_steps: also write a checkpoint every this many steps.
-        config: model config stored in checkpoints so that :func:`flows.train.load_model` can
-            rebuild the model (see :func:`flows.train.model_config`).
+        config: model config stored in checkpoints so that :func:`flows.load_model` can rebuild
+            the model (:func:`flows.model_file.describe_model`).
         info: extra JSON facts stored in checkpoint headers (data set name, ...).
         find_unused_parameters: passed to ``DistributedDataParallel`` in multi-process runs.
         compile: run the objective under :func:`torch.compile` (``True``, or a dict of its keyword

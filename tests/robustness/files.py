@@ -1,9 +1,10 @@
 """Crafted-checkpoint attacks: truncations, flipped bytes, huge header sizes, re-signed payloads.
 
-Each corruption is applied to a real model file (``save_model``) and a real training checkpoint
-(``Trainer``), then opened through the public entry points: :func:`flows.train.load_model` and
-:meth:`flows.train.Trainer.resume`. The promise: a damaged or crafted file ends in a
-``CheckpointError`` (or ``FileNotFoundError``) that names the file, never in a raw exception,
+Each corruption is applied to a real training checkpoint (``Trainer``), then opened through the
+public entry points: :func:`flows.load_model` (kind ``model``: the model a checkpoint's config and
+weights rebuild) and :meth:`flows.train.Trainer.resume` (kind ``training``). The promise: a damaged
+or crafted file ends in a ``CheckpointError``, a ``ModelFileError`` (a config the model-file checks
+refuse) or a ``FileNotFoundError`` that names the file or says what was expected, never in a raw exception,
 never in an accepted load of changed bytes, and never in code execution (a crafted pickle that
 would create a marker file). "Re-signed" files have a recomputed SHA-256, as an attacker would
 write them, so they reach the parts behind the checksum.
@@ -32,19 +33,21 @@ _START = len(MAGIC) + 8
 
 @functools.cache
 def _originals() -> dict[str, bytes]:
-    """The bytes of a model file and of a training checkpoint of a tiny RealNVP."""
-    from flows.train import MaximumLikelihood, Trainer, build_model, model_config, save_model
+    """The bytes of a training checkpoint of a tiny RealNVP (attacked as both kinds: opened two ways)."""
+    from flows import RealNVP
+    from flows.model_file import describe_model
+    from flows.train import MaximumLikelihood, Trainer
 
     root = workspace() / "checkpoints"
     root.mkdir(parents=True, exist_ok=True)
-    config = model_config("RealNVP", 2, transforms=1, hidden=[4])
     torch.manual_seed(0)
-    model = build_model(config)
-    save_model(model, root / "model.ckpt", config)
+    model = RealNVP(2, transforms=1, hidden=[4])
+    config = describe_model(model)
     trainer = Trainer(model, MaximumLikelihood(), checkpoint=root / "training.ckpt", config=config, progress=False)
     trainer.fit(torch.randn(32, 2, generator=torch.Generator().manual_seed(0)), epochs=1, batch_size=16)
     trainer.save_checkpoint() if not (root / "training.ckpt").exists() else None
-    return {"model": (root / "model.ckpt").read_bytes(), "training": (root / "training.ckpt").read_bytes()}
+    data = (root / "training.ckpt").read_bytes()
+    return {"model": data, "training": data}
 
 
 def _split(data: bytes) -> tuple[dict, bytes]:
@@ -146,11 +149,7 @@ def _corruptions(kind: str, marker: Path) -> dict[str, Callable[[], bytes]]:
         ),
         "resigned-unknown-builder": lambda: resigned_header(lambda h: h["config"].update(builder="NoSuchFlow")),
         "resigned-config-features-changed": lambda: resigned_header(
-            lambda h: (
-                h["config"].update(args=[3], kwargs=h["config"].get("kwargs", {}))
-                if "args" in h["config"]
-                else h["config"].update(features=3)
-            )
+            lambda h: h["config"]["arguments"].update(features=3)
         ),
         "resigned-payload-not-torch": lambda: _sign(_split(original())[0], b"\x00" * 64),
         "resigned-payload-list": lambda: _sign(_split(original())[0], _torch_bytes([1, 2, 3])),
@@ -181,12 +180,12 @@ def _stride_zero(state: dict) -> None:
 
 
 def _open(kind: str, path: Path):
-    from flows.train import MaximumLikelihood, Trainer, build_model, load_checkpoint, load_model
+    from flows import load_model
+    from flows.train import MaximumLikelihood, Trainer
 
     if kind == "model":
         return load_model(path)
-    header = load_checkpoint(path).header  # what resume reads; then resume itself
-    model = build_model(header["config"])
+    model = load_model(path).train()  # the model the header's config describes; then resume itself
     return Trainer(model, MaximumLikelihood(), checkpoint=path, progress=False).resume()
 
 

@@ -1,7 +1,7 @@
 """Model-file attacks (family ``model-file``): every builder's ``save_model`` file, damaged and edited.
 
-For each paper-named builder a tiny model is saved with :func:`flows.save_model` and then attacked
-through :func:`flows.load_model`:
+For every builder of the public registry (:func:`flows.architectures.registry.builders`) a tiny
+model is saved with :func:`flows.save_model` and then attacked through :func:`flows.load_model`:
 
 * ``json-edit/<argument>``: one stored argument of ``model.json`` changed to another value (the
   weights file untouched): must be refused, since another ``bound`` or activation is another density;
@@ -61,7 +61,14 @@ def _model(name: str, **override):
 
 def _x(model) -> torch.Tensor:
     gen = torch.Generator().manual_seed(5)
+    if hasattr(model, "log_prob_full"):  # a DependentFlow: the density of a whole (related) set
+        return 0.05 + 0.9 * torch.rand((model.base.n, *model.flow.event_shape), generator=gen)
     return 0.05 + 0.9 * torch.rand((4, *model.event_shape), generator=gen)
+
+
+def _density(model, x: torch.Tensor) -> torch.Tensor:
+    """``log_prob(x)``, or the joint density of the set for a model over related samples (``DependentFlow``)."""
+    return model.log_prob_full(x).reshape(1) if hasattr(model, "log_prob_full") else model.log_prob(x)
 
 
 @functools.cache
@@ -74,7 +81,7 @@ def _original(name: str) -> tuple[bytes, str, torch.Tensor, torch.Tensor]:
     path = save_model(model, root)
     x = _x(model)
     with torch.no_grad():
-        reference = model.log_prob(x)
+        reference = _density(model, x)
     return path.read_bytes(), path.with_suffix(".json").read_text(), x, reference
 
 
@@ -212,7 +219,10 @@ def _files(name: str) -> dict[str, Callable[[], tuple[bytes, str | None]]]:
 def _wider(name: str) -> dict[str, torch.Tensor]:
     from flows.model_file import _tensors as state
 
-    hidden = [2 * h for h in _config(name)["arguments"]["hidden"]]
+    arguments = _config(name)["arguments"]
+    if "flows.model" in (arguments.get("flow") or {}):  # the hidden widths of the flow inside
+        arguments = arguments["flow"]["flows.model"]["arguments"]
+    hidden = [2 * h for h in arguments["hidden"]]
     return state(_model(name, hidden=tuple(hidden)))[0]
 
 
@@ -235,7 +245,7 @@ def _file_attack(name: str, attack: str) -> Result:
 
     def check(model) -> str | None:  # a load is right only when it is the saved density
         with torch.no_grad():
-            lp = model.log_prob(x.to(next(model.parameters()).dtype))
+            lp = _density(model, x.to(next(model.parameters()).dtype))
         same = lp.dtype == reference.dtype and torch.allclose(lp, reference, rtol=1e-6, atol=1e-6)
         return None if same else f"loaded a {attack} file as another density"
 
@@ -257,7 +267,7 @@ def _round_trip(name: str, dtype: torch.dtype) -> Result:
         if kinds != {dtype}:
             return f"a {dtype} model came back with {sorted(map(str, kinds))} tensors"
         with torch.no_grad():
-            same = torch.equal(loaded.log_prob(x), model.log_prob(x))
+            same = torch.equal(_density(loaded, x), _density(model, x))
         return None if same else "the reloaded model gives another log_prob"
 
     return expect_right_or_clear(lambda: load_model(root), check)

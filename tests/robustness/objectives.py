@@ -208,9 +208,9 @@ def _transformer_target(cls_name: str):
 
 
 def _builder_target(name: str):
-    from flows.train.config import _architectures
+    from flows.architectures.registry import builders
 
-    cls = _architectures()[name]
+    cls = builders()[name]
     small = {"hidden": (8,), "transforms": 1}
 
     def build(**options):
@@ -230,14 +230,14 @@ def _builder_target(name: str):
 
 def option_targets() -> dict[str, Callable]:
     """The option family's targets: the CNF, the spline and affine transformers, and the builders of those."""
-    from flows.train.config import _architectures
+    from flows.architectures.registry import builders
 
     targets: dict[str, Callable] = {
         "CNF": _cnf_target,
         "RationalQuadraticSpline": functools.partial(_transformer_target, "RationalQuadraticSpline"),
         "AffineTransformer": functools.partial(_transformer_target, "AffineTransformer"),
     }
-    for name, cls in _architectures().items():  # builders that take CNF or spline options
+    for name, cls in builders().items():  # builders that take CNF or spline options
         parameters = inspect.signature(cls).parameters
         if "t1" in parameters or "bound" in parameters:
             targets[name] = functools.partial(_builder_target, name)

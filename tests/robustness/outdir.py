@@ -136,7 +136,7 @@ def _all_skipped() -> Result:
         return Result(Outcome.RAW_CRASH, crash.strip().splitlines()[-1][:200])
     if code == 0:
         return Result(Outcome.SILENT_WRONG, f"exit 0 for a run whose every step was skipped: {stdout.strip()[-120:]}")
-    if (out / "model.ckpt").exists() or (out / "model.safetensors").exists():
+    if (out / "model.safetensors").exists() or (out / "model.json").exists():
         return Result(Outcome.SILENT_WRONG, "the untrained model was saved as the result")
     lines = [line for line in _error_lines(stderr)[0] if "error:" in line]  # the guard's warnings come before it
     if code == 2:  # refused before training: FlowMatching bounds sigma when it is built
