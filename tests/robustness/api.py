@@ -506,7 +506,8 @@ def _target_recipes() -> dict[str, Callable[[], object]]:
     }
 
 
-_ABSTRACT_TARGETS = {"Energy", "EnergyTarget", "ParticleSystem", "ProtocolTarget", "as_target"}  # protocol, bases, adapter
+# the protocol, the base classes and the adapter
+_ABSTRACT_TARGETS = {"Energy", "EnergyTarget", "ParticleSystem", "ProtocolTarget", "as_target"}
 
 
 def _make_target(name: str):
