@@ -116,7 +116,7 @@ def make(name: str, train: Tensor, args: argparse.Namespace, seed: int) -> tuple
             sigma=args.sigma,
             coupling=coupling,
             time_power=args.fm_time_power,
-            target="stable" if stable else "conditional",
+            velocity="stable" if stable else "conditional",
             reference=train if stable else None,
             reference_size=args.fm_reference_size if stable else None,
         )

@@ -49,7 +49,7 @@ def ours(split: str, mixer: str, args: argparse.Namespace, **options) -> Callabl
     def build():
         model = flows.Glow(
             SHAPE,
-            levels=args.levels,
+            scales=args.levels,
             steps=args.steps,
             hidden=(args.hidden, args.hidden),
             split=split,

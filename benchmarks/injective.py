@@ -39,7 +39,9 @@ def _steps(features: int, latent: int, hidden: int, batch: int) -> dict[str, Cal
     """Step closures sharing one set of networks (each with its own optimiser)."""
     torch.manual_seed(0)
     models = {
-        jvp: flows.FreeFormInjectiveFlow(features, latent_features=latent, hidden=(hidden, hidden), noise=0.1, jvp=jvp)
+        jvp: flows.FreeFormInjectiveFlow(
+            features, latent_features=latent, hidden=(hidden, hidden), noise_std=0.1, jvp=jvp
+        )
         for jvp in ("double_backward", "forward")
     }
     models["forward"].load_state_dict(models["double_backward"].state_dict())

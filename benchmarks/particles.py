@@ -153,7 +153,7 @@ class EdgeListEGNN(nn.Module):
         rows, cols = self._batch_edges(batch)
         x0 = z.reshape(batch * n, d)
         h = egnn._embed(torch.as_tensor(t, dtype=z.dtype), z.shape[:-1], batch)
-        h = h.expand(batch, n, egnn.hidden).reshape(batch * n, egnn.hidden)
+        h = h.expand(batch, n, egnn.width).reshape(batch * n, egnn.width)
         d2_0 = (x0[rows] - x0[cols]).square().sum(-1, keepdim=True)
         x = x0
         for index, (edge, coord) in enumerate(zip(egnn.edge, egnn.coord, strict=True)):
@@ -298,7 +298,7 @@ def table(system: str, args) -> dict:
         "trained on train (100k), tested on test" if system == "dw4" else "trained on val (10k), tested on test"
     )
     rows = {}
-    egnn_params = sum(p.numel() for p in EGNN(n, d, hidden=args.hidden, layers=args.layers).parameters())
+    egnn_params = sum(p.numel() for p in EGNN(n, d, width=args.hidden, layers=args.layers).parameters())
     methods = {
         f"ML ({args.ml_trace} trace)": ("ml", "independent"),
         "FM independent": ("fm", "independent"),
@@ -384,14 +384,14 @@ def speed(args) -> dict:
     n, d = 13, 3
     x = target.reference_samples("test", args.data_dir)[: args.speed_batch]
     torch.manual_seed(args.seed)
-    egnn = EGNN(n, d, hidden=32, layers=3)
+    egnn = EGNN(n, d, width=32, layers=3)
     if args.speed_checkpoint:  # an EGNN state dict, or the example's model.pt (a whole EquivariantCNF)
         state = torch.load(args.speed_checkpoint)
         prefix = "transform.field."
         if any(key.startswith(prefix) for key in state):
             state = {key[len(prefix) :]: value for key, value in state.items() if key.startswith(prefix)}
         egnn.load_state_dict(state)
-    compiled = EGNN(n, d, hidden=32, layers=3)
+    compiled = EGNN(n, d, width=32, layers=3)
     compiled.load_state_dict(egnn.state_dict())
     compiled.compile_divergence = True
     fields = {

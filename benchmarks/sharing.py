@@ -45,7 +45,7 @@ MODELS = {
 
 def build(name: str) -> flows.Flow:
     if name in GLOW_MODELS:
-        return flows.Glow((1, 8, 8), levels=2, steps=4, **GLOW_MODELS[name])
+        return flows.Glow((1, 8, 8), scales=2, steps=4, **GLOW_MODELS[name])
     realnvp = flows.RealNVP(64, **MODELS[name])
     return flows.Flow(flows.Chain(flows.Logit(64, alpha=0.05), realnvp.transform), realnvp.base)
 

@@ -86,7 +86,7 @@ def train_cnf(target: EnergyTarget, *, steps: int, budget: float | None, hidden:
 
 
 def train_regression(pairs, val_pairs, *, steps: int, consistency: float, seed: int = 0, **size):
-    """A coupling flow regressed onto ``pairs`` (z, x) by ``PairRegression``; returns (flow, seconds, val metrics)."""
+    """A coupling flow regressed onto ``pairs`` (x, z) by ``PairRegression``; returns (flow, seconds, val metrics)."""
     torch.manual_seed(seed)
     student = coupling_flow(**size)
     trainer = Trainer(
@@ -163,11 +163,11 @@ def run_target(name: str, args: argparse.Namespace) -> dict[str, dict[str, float
     cnf, cnf_s, cnf_steps = train_cnf(target, steps=args.cnf_steps, budget=args.cnf_budget, hidden=args.cnf_hidden)
     start = time.perf_counter()
     torch.manual_seed(2)
-    z, x = teacher_pairs(cnf, args.pairs + args.val_pairs)
+    x, z = teacher_pairs(cnf, args.pairs + args.val_pairs)
     pairs_s = time.perf_counter() - start
     split = args.pairs
     distilled, distil_s, distil_val = train_regression(
-        (z[:split], x[:split]), (z[split:], x[split:]), steps=args.steps, consistency=args.consistency, **size
+        (x[:split], z[:split]), (x[split:], z[split:]), steps=args.steps, consistency=args.consistency, **size
     )
     models = {"CNF (teacher)": cnf, f"CNF, rtol {args.loose_rtol:g}": with_tolerance(cnf, args.loose_rtol)}
     train_s = {"CNF (teacher)": cnf_s, f"CNF, rtol {args.loose_rtol:g}": cnf_s}
@@ -176,10 +176,10 @@ def run_target(name: str, args: argparse.Namespace) -> dict[str, dict[str, float
         start = time.perf_counter()
         torch.manual_seed(3)
         n = args.pairs + args.val_pairs
-        zo, xo = ot_pairs(torch.randn(n, 2), target.sample((n,)), batch_size=args.ot_batch)
+        xo, zo = ot_pairs(target.sample((n,)), torch.randn(n, 2), batch_size=args.ot_batch)
         ot_s = time.perf_counter() - start
         ot_flow, ot_train_s, _ = train_regression(
-            (zo[:split], xo[:split]), (zo[split:], xo[split:]), steps=args.steps, consistency=args.consistency, **size
+            (xo[:split], zo[:split]), (xo[split:], zo[split:]), steps=args.steps, consistency=args.consistency, **size
         )
         models["OT-regressed"], train_s["OT-regressed"] = ot_flow, ot_s + ot_train_s
     rkl, rkl_s = train_reverse_kl(target, steps=args.rkl_steps, **size)

@@ -165,7 +165,7 @@ def main(argv: list[str] | None = None) -> dict:
     parser.add_argument("--eval-size", type=int, default=2000, help="random test images in the periodic evaluations")
     parser.add_argument("--train-limit", type=int, default=0, help="use only the first N training images")
     parser.add_argument("--test-limit", type=int, default=0, help="use only the first N test images")
-    parser.add_argument("--target", type=float, default=1.20, help="bits/dim line drawn on the curve")
+    parser.add_argument("--goal", type=float, default=1.20, help="bits/dim line drawn on the curve")
     parser.add_argument("--threads", type=int, default=None)
     parser.add_argument("--seed", type=int, default=0)
     parser.add_argument("--out", type=Path, default=Path("runs/glow_mnist"))
@@ -179,7 +179,7 @@ def main(argv: list[str] | None = None) -> dict:
     dims = math.prod(shape)
     model = flows.Glow(
         shape,
-        levels=args.levels,
+        scales=args.levels,
         steps=args.steps,
         hidden=(args.hidden, args.hidden),
         split=args.split,
@@ -269,7 +269,7 @@ def main(argv: list[str] | None = None) -> dict:
     )
     args.out.mkdir(parents=True, exist_ok=True)
     save_samples(final_model, args.out / "samples.png", args.seed)
-    save_curve(history, args.out / "curve.png", args.target if args.data == "mnist" else None)
+    save_curve(history, args.out / "curve.png", args.goal if args.data == "mnist" else None)
     metrics = {"final_test_bpd": final, "train_seconds": elapsed, "steps": step, "history": history}
     metrics["args"] = {k: str(v) for k, v in vars(args).items()}
     (args.out / "metrics.json").write_text(json.dumps(metrics, indent=1))

@@ -113,7 +113,9 @@ def main(argv: list[str] | None = None) -> dict[str, float]:
     noisy_test = test + sigma * torch.randn(test.shape, generator=torch.Generator().manual_seed(args.seed + 2))
     hidden = (args.hidden, args.hidden)
 
-    fif = flows.FreeFormInjectiveFlow(features, latent_features=args.dim, hidden=hidden, beta=args.beta, noise=sigma)
+    fif = flows.FreeFormInjectiveFlow(
+        features, latent_features=args.dim, hidden=hidden, beta=args.beta, noise_std=sigma
+    )
     realnvp = flows.RealNVP(features, transforms=8, hidden=hidden)
     print(f"FIF ({args.dim}-D manifold in R^{features}):")
     train(fif, fif.loss, train_data, args, "FIF")

@@ -161,7 +161,7 @@ def main(argv: list[str] | None = None) -> dict[str, float]:
         latent=flows.RealNVP(d, transforms=args.latent_transforms, hidden=hidden) if args.latent_transforms else None,
         hidden=hidden,
         beta=args.beta,
-        noise=sigma,
+        noise_std=sigma,
     )
     latent = flows.RealNVP(d, transforms=4, hidden=hidden)
     projection = flows.InjectiveLinear(features, d)

@@ -2,11 +2,13 @@
 
 from __future__ import annotations
 
+import numbers
 import operator
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
+from typing import Any
 
 import torch
-from torch import Tensor
+from torch import Tensor, nn
 
 __all__ = [
     "Shape",
@@ -113,8 +115,12 @@ def check_real(x: Tensor, who: str, what: str = "input") -> None:
         raise TypeError(f"{who}: expected a real floating-point {what}, got dtype {x.dtype}")
 
 
-def check_like(x: Tensor, reference: Tensor | None, who: str, what: str = "input") -> None:
-    """Raise if ``x`` does not have the dtype and device of ``reference`` (a parameter or buffer)."""
+def check_like(x: Tensor, reference: Any, who: str, what: str = "input") -> None:
+    """Raise if ``x`` does not have the dtype and device of ``reference``.
+
+    ``reference`` is anything with ``dtype`` and ``device`` (a tensor, or a :class:`~flows.Flow`),
+    or ``None`` to check nothing.
+    """
     if reference is None:
         return
     if not x.is_floating_point():
@@ -284,25 +290,39 @@ def check_samples(
     return x
 
 
-def check_count(who: str, name: str, value: object, *, minimum: int = 1, maximum: int | None = None) -> int:
-    """Return ``value`` if it is an ``int`` (not a bool) in ``[minimum, maximum]``, else raise naming it.
+def check_count(
+    who: str, name: str, value: object, *, minimum: int | None = 1, maximum: int | None = None, why: str = ""
+) -> int:
+    """``value`` as an ``int`` (not a bool) in ``[minimum, maximum]``: a count, a size, a seed.
 
-    ``maximum`` bounds sizes that allocate (bins, projections) before anything is allocated.
+    The one integer check of the library (builders, layers, objectives, metrics, samplers).
+    ``maximum`` bounds sizes that allocate (bins, projections) before anything is allocated;
+    ``minimum=None`` accepts any integer (a seed); ``why`` says why the bound is what it is.
 
     Raises:
-        TypeError: for a non-integer (a float, a string, a bool).
+        TypeError: for a non-integer (a float, a string, a bool), naming ``who``, ``name``, the
+            bound and the value that came.
         ValueError: for an integer out of range.
+
+    Example:
+        >>> check_count("MAF", "transforms", 0)
+        Traceback (most recent call last):
+        ...
+        ValueError: MAF: expected transforms to be an int >= 1, got 0
     """
+    bounds = [] if minimum is None else [f">= {minimum}"]
+    if maximum is not None:
+        bounds = [f"in [{minimum}, {maximum}]"] if minimum is not None else [f"<= {maximum}"]
+    wanted = " ".join(["an int", *bounds]) + (f" ({why})" if why else "")
     try:
         if isinstance(value, bool):
             raise TypeError
-        value = operator.index(value)
+        number = operator.index(value)
     except TypeError:
-        raise TypeError(f"{who}: expected {name} to be an int, got {value!r}") from None
-    if value < minimum or (maximum is not None and value > maximum):
-        bound = f">= {minimum}" if maximum is None else f"in [{minimum}, {maximum}]"
-        raise ValueError(f"{who}: expected {name} {bound}, got {value}")
-    return value
+        raise TypeError(f"{who}: expected {name} to be {wanted}, got {value!r}") from None
+    if (minimum is not None and number < minimum) or (maximum is not None and number > maximum):
+        raise ValueError(f"{who}: expected {name} to be {wanted}, got {number}")
+    return number
 
 
 # -- shared checks of numeric options and of objective inputs (appended for issue 27) ---------------
@@ -362,24 +382,6 @@ def check_number(
     return number
 
 
-def check_integer(who: str, name: str, value: object, *, minimum: int | None = None) -> int:
-    """``value`` as an int (not a bool), at least ``minimum``.
-
-    Raises:
-        TypeError: for a value that is not an integer (a float, a string, a bool).
-        ValueError: for an integer below ``minimum``.
-    """
-    if isinstance(value, bool):
-        raise TypeError(f"{who}: expected {name} to be an integer, got bool {value!r}")
-    try:
-        number = operator.index(value)
-    except TypeError:
-        raise TypeError(f"{who}: expected {name} to be an integer, got {type(value).__name__} {value!r}") from None
-    if minimum is not None and number < minimum:
-        raise ValueError(f"{who}: expected {name} to be an integer >= {minimum}, got {number}")
-    return number
-
-
 def check_rows(x: Tensor, event_ndim: int, who: str, what: str = "data") -> int:
     """The number of rows of a training batch ``(N, *event)``: exactly one batch dimension, ``N >= 1``.
 
@@ -416,7 +418,7 @@ def check_flow_inputs(flow: object, x: Tensor, context: Tensor | None, who: str 
     maximum likelihood refuses.
 
     Args:
-        flow: a :class:`~flows.Flow` (read through its ``transform``, ``_anchor``,
+        flow: a :class:`~flows.Flow` (read through its ``transform``, ``dtype``, ``device``,
             ``context_features`` and ``check_finite``).
         x: the data ``(*batch, *event_shape)``.
         context: the context, or ``None``.
@@ -424,7 +426,7 @@ def check_flow_inputs(flow: object, x: Tensor, context: Tensor | None, who: str 
     """
     name = who or type(flow).__name__
     transform = flow.transform  # type: ignore[attr-defined]
-    anchor = getattr(flow, "_anchor", None)
+    anchor = flow if hasattr(flow, "dtype") and hasattr(flow, "device") else None
     finite = bool(getattr(flow, "check_finite", True))
     check_event(x, transform.event_shape, name)
     check_like(x, anchor, name)
@@ -475,3 +477,132 @@ def check_objective_batch(model: object, x: Tensor, context: Tensor | None, who:
             f"{who}: expected no context for {type(model).__name__}, which takes none (no layer or base declares "
             f"a context width), got a context of shape {tuple(getattr(context, 'shape', ()))}"
         )
+
+
+# -- the builders' shared arguments (docs/guide/concepts.md): checked before any layer is built -----
+
+
+def _is_int(value: Any) -> bool:
+    return isinstance(value, numbers.Integral) and not isinstance(value, bool)
+
+
+def check_features(who: str, features: Any, *, minimum: int = 1, why: str = "") -> int:
+    """The data dimension: an int ``>= minimum`` (``why`` says what needs more than 1)."""
+    return check_count(who, "features", features, minimum=minimum, why=why)
+
+
+def check_hidden(who: str, hidden: Any, *, minimum_layers: int = 0) -> tuple[int, ...]:
+    """Hidden widths: a sequence of positive ints, at least ``minimum_layers`` of them, as a tuple.
+
+    Args:
+        who: the builder, named in messages.
+        hidden: the value to check.
+        minimum_layers: fewest hidden layers the builder's conditioner can take.
+
+    Raises:
+        TypeError: for an int, a string or any other non-sequence.
+        ValueError: for a width that is not a positive int, or too few layers.
+
+    Example:
+        >>> check_hidden("RealNVP", [64, 64])
+        (64, 64)
+        >>> check_hidden("RealNVP", 64)
+        Traceback (most recent call last):
+        ...
+        TypeError: RealNVP: expected hidden to be a sequence of layer widths such as (64, 64), got 64
+    """
+    if isinstance(hidden, (str, bytes)) or not isinstance(hidden, Sequence):
+        raise TypeError(f"{who}: expected hidden to be a sequence of layer widths such as (64, 64), got {hidden!r}")
+    if not all(_is_int(h) and h >= 1 for h in hidden) or len(hidden) < minimum_layers:
+        layers = (
+            f" (at least {minimum_layers} hidden layer{'s' if minimum_layers > 1 else ''})" if minimum_layers else ""
+        )
+        raise ValueError(f"{who}: expected hidden to be positive int widths{layers}, got {tuple(hidden)!r}")
+    return tuple(int(h) for h in hidden)
+
+
+def check_activation(who: str, activation: Any) -> Callable[[], nn.Module]:
+    """The nonlinearity: a zero-argument callable returning a module (a class such as ``nn.ReLU``).
+
+    Raises:
+        TypeError: for a module instance (``nn.ReLU()``), a class that is not a module, or a non-callable.
+    """
+    if isinstance(activation, nn.Module):
+        raise TypeError(
+            f"{who}: expected activation to be a module class or factory such as nn.ReLU, got the instance "
+            f"{activation!r} (drop the parentheses)"
+        )
+    if not callable(activation) or (isinstance(activation, type) and not issubclass(activation, nn.Module)):
+        raise TypeError(
+            f"{who}: expected activation to be a module class or factory such as nn.ReLU, got {activation!r}"
+        )
+    return activation
+
+
+def check_choice(who: str, name: str, value: Any, choices: Sequence[str]) -> str:
+    """One of a few named options.
+
+    Raises:
+        ValueError: listing the choices.
+    """
+    if value not in choices:
+        raise ValueError(f"{who}: expected {name} in {list(choices)}, got {value!r}")
+    return value
+
+
+def check_nonnegative(who: str, name: str, value: Any) -> float:
+    """A finite number ``>= 0`` (a loss weight, a noise level), as a float.
+
+    Raises:
+        ValueError: for anything else.
+    """
+    if not (isinstance(value, numbers.Real) and not isinstance(value, bool) and 0 <= value < float("inf")):
+        raise ValueError(f"{who}: expected {name} to be a finite number >= 0, got {value!r}")
+    return float(value)
+
+
+_NOT_TAKEN: Any = object()
+
+
+def check_builder(
+    who: str,
+    features: Any,
+    context: Any,
+    *,
+    transforms: Any = _NOT_TAKEN,
+    hidden: Any = _NOT_TAKEN,
+    activation: Any = _NOT_TAKEN,
+    minimum_features: int = 1,
+    why: str = "",
+    minimum_layers: int = 0,
+) -> None:
+    """The shared arguments of a vector builder, checked in signature order (left out: not taken).
+
+    Args:
+        who: the builder, named in messages.
+        features: data dimension.
+        context: context width.
+        transforms: number of layers.
+        hidden: hidden widths of the conditioners.
+        activation: nonlinearity factory.
+        minimum_features: smallest data dimension the builder can model.
+        why: why it needs that many (in the message).
+        minimum_layers: fewest hidden layers the conditioners take.
+
+    Raises:
+        ValueError, TypeError: from the checks above, for the first bad argument.
+
+    Example:
+        >>> check_builder("RealNVP", 1, 0, transforms=4, minimum_features=2, why="couplings need two parts")
+        Traceback (most recent call last):
+        ...
+        ValueError: RealNVP: expected features to be an int >= 2 (couplings need two parts), got 1
+    """
+    check_features(who, features, minimum=minimum_features, why=why)
+    check_count(who, "context", context, minimum=0)
+    if transforms is not _NOT_TAKEN:
+        check_count(who, "transforms", transforms)
+    if hidden is not _NOT_TAKEN:
+        check_hidden(who, hidden, minimum_layers=minimum_layers)
+    if activation is not _NOT_TAKEN:
+        check_activation(who, activation)

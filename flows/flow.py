@@ -236,6 +236,16 @@ class Flow(nn.Module):
         return self
 
     @property
+    def dtype(self) -> torch.dtype:
+        """The floating-point dtype the flow works in (follows ``.double()``, ``.to(...)``)."""
+        return self._anchor.dtype
+
+    @property
+    def device(self) -> torch.device:
+        """The device the flow's parameters and buffers are on."""
+        return self._anchor.device
+
+    @property
     def core(self) -> Bijection:
         """The builder's own transform, without the :attr:`preprocessing` layers in front of it."""
         return self.transform[-1] if self.preprocessing else self.transform

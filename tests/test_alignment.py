@@ -44,7 +44,9 @@ def _reached(module: nn.Module) -> set[str]:
 
 def _alignment_gradients(route: str) -> tuple[list[set[str]], list[set[str]], set[str]]:
     flow = _flow()
-    align = RepresentationAlignment(_encoder(), where=ALIGNED, route=route, width=16, features=6, hidden=8).double()
+    align = RepresentationAlignment(
+        _encoder(), where=ALIGNED, route=route, width=16, features=6, projector_width=8
+    ).double()
     x, y = _batch()
     _, states = align.hidden_states(flow, x, y)
     align.alignment_loss(states, align.targets(x, (2, 2))).backward()
@@ -128,7 +130,7 @@ class _TokenEncoder(nn.Module):
 
 def test_the_trainer_trains_flow_and_projector_with_the_alignment_term() -> None:
     flow = _flow()
-    align = RepresentationAlignment(_encoder(), where=ALIGNED, width=16, features=6, hidden=8).double()
+    align = RepresentationAlignment(_encoder(), where=ALIGNED, width=16, features=6, projector_width=8).double()
     before = [p.detach().clone() for p in align.projector.parameters()]
     x, y = _batch(12)
     trainer = Trainer(

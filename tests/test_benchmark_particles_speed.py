@@ -17,7 +17,7 @@ BENCH = run_script(str(Path(__file__).resolve().parents[1] / "benchmarks" / "par
 @pytest.fixture
 def field() -> EGNN:
     torch.manual_seed(0)
-    egnn = EGNN(5, 3, hidden=8, layers=3).to(F64)
+    egnn = EGNN(5, 3, width=8, layers=3).to(F64)
     with torch.no_grad():
         for p in egnn.parameters():  # away from the near-identity initialisation
             p.add_(0.3 * torch.randn_like(p))

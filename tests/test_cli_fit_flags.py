@@ -74,7 +74,7 @@ def test_the_resume_help_lists_exactly_the_flags_resume_refuses_and_those_it_rec
     assert named(must_repeat) - {"--out"} == refused
     assert named(may_change) == {f.option for f in FIT_FLAGS if f.resume == "record"} == {"--epochs", "--time-budget"}
     # the flags the old help left out, although resume refused them
-    assert {"--objective", "--sigma", "--coupling", "--target", "--reference-size", "--time-power"} <= refused
+    assert {"--objective", "--sigma", "--coupling", "--velocity", "--reference-size", "--time-power"} <= refused
 
 
 def test_the_cli_guide_lists_every_flag_that_resume_refuses() -> None:

@@ -80,10 +80,10 @@ def test_linear_field_error_follows_the_tolerance() -> None:
 
 
 # -- Hutchinson: unbiased, noise drawn once per solve, reproducible ------------------------------
-@pytest.mark.parametrize("noise", ["rademacher", "gaussian"])
-def test_hutchinson_mean_matches_exact_trace(noise: str) -> None:
+@pytest.mark.parametrize("probe", ["rademacher", "gaussian"])
+def test_hutchinson_mean_matches_exact_trace(probe: str) -> None:
     """10⁴ copies of one point in one batch: each row draws its own noise; mean within 3 SE."""
-    cnf = _cnf(2, trace="hutchinson", noise=noise, rtol=1e-7, atol=1e-7)
+    cnf = _cnf(2, trace="hutchinson", probe=probe, rtol=1e-7, atol=1e-7)
     x = _x(1, 2)
     with torch.no_grad():
         estimates = cnf.forward_and_log_det(x.expand(10_000, 2))[1]
@@ -96,10 +96,10 @@ def test_hutchinson_mean_matches_exact_trace(noise: str) -> None:
 
 def test_rademacher_variance_is_below_gaussian() -> None:
     variances = {}
-    for noise in ("rademacher", "gaussian"):
-        cnf = _cnf(2, trace="hutchinson", noise=noise, rtol=1e-6, atol=1e-6)
+    for probe in ("rademacher", "gaussian"):
+        cnf = _cnf(2, trace="hutchinson", probe=probe, rtol=1e-6, atol=1e-6)
         with torch.no_grad():
-            variances[noise] = float(cnf.forward_and_log_det(_x(1, 2).expand(4000, 2))[1].var())
+            variances[probe] = float(cnf.forward_and_log_det(_x(1, 2).expand(4000, 2))[1].var())
     assert variances["rademacher"] < variances["gaussian"]
 
 
@@ -113,7 +113,7 @@ def test_hutchinson_noise_is_drawn_once_per_solve() -> None:
     values = {round(v, 9) for v in ladj.tolist()}  # Rademacher: tr A ± (a12 + a21), halved
     assert len(values) == 2
 
-    gaussian = CNF(2, field=Linear(a), trace="hutchinson", noise="gaussian", seed=7, rtol=1e-9, atol=1e-9)
+    gaussian = CNF(2, field=Linear(a), trace="hutchinson", probe="gaussian", seed=7, rtol=1e-9, atol=1e-9)
     eps = torch.randn(64, 2, generator=torch.Generator().manual_seed(7), dtype=F64)
     torch.testing.assert_close(gaussian.forward_and_log_det(_x(64, 2))[1], torch.einsum("ni,ij,nj->n", eps, a, eps))
 
@@ -354,7 +354,7 @@ def test_user_field_for_image_shaped_events() -> None:
     [
         ({"trace": "brute"}, ValueError, r"expected trace in \('exact', 'hutchinson'\), got 'brute'"),
         ({"eval_trace": "fast"}, ValueError, r"expected eval_trace in"),
-        ({"noise": "uniform"}, ValueError, r"expected noise in \('rademacher', 'gaussian'\)"),
+        ({"probe": "uniform"}, ValueError, r"expected probe in \('rademacher', 'gaussian'\)"),
         ({"method": "rk45"}, ValueError, r"expected method in \("),
         ({"rtol": 0.0}, ValueError, r"expected rtol to be a finite number > 0 and <= 1, got 0.0"),
         ({"rtol": math.inf}, ValueError, r"expected rtol to be a finite number > 0 and <= 1, got inf"),
@@ -371,8 +371,8 @@ def test_user_field_for_image_shaped_events() -> None:
         ({"method": "euler", "options": {"step_size": math.nan}}, ValueError, r"expected options\['step_size'\]"),
         ({"options": [("step_size", 0.1)]}, TypeError, r"expected options to be a dict or None"),
         ({"adjoint": "yes"}, TypeError, r"expected adjoint to be a bool"),
-        ({"max_evaluations": 0}, ValueError, r"expected max_evaluations to be an integer >= 1, got 0"),
-        ({"seed": 1.5}, TypeError, r"expected seed to be an integer, got float 1.5"),
+        ({"max_evaluations": 0}, ValueError, r"expected max_evaluations to be an int >= 1, got 0"),
+        ({"seed": 1.5}, TypeError, r"expected seed to be an int, got 1.5"),
         ({"method": ["dopri5"]}, ValueError, r"expected method in"),
         ({"field": lambda t, z: z}, TypeError, r"expected field to be an nn.Module, got function"),
         ({"context": -1}, ValueError, r"expected context to be an int >= 0, got -1"),
@@ -396,7 +396,7 @@ def test_bad_inputs() -> None:
         _cnf(2).forward_and_log_det(_x(4, 2), _x(4, 3))
     with pytest.raises(ValueError, match=r"the default field needs vector events, got event shape \(2, 2\)"):
         CNF((2, 2))
-    with pytest.raises(ValueError, match=r"TimeMLP: expected features to be a positive int, got 0"):
+    with pytest.raises(ValueError, match=r"TimeMLP: expected features to be an int >= 1, got 0"):
         TimeMLP(0)
 
 

@@ -188,7 +188,7 @@ def test_eiw_regulariser_is_the_weighted_negentropy_of_the_split_off_channels() 
 
 
 def test_eiw_arguments_are_checked() -> None:
-    with pytest.raises(ValueError, match="expected an int number of channels >= 2"):
+    with pytest.raises(ValueError, match="expected channels to be an int >= 2"):
         flows.EIWShuffle(1)
     with pytest.raises(ValueError, match=r"expected split in 0\.\.4"):
         flows.EIWShuffle(4, split=5)

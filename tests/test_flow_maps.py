@@ -33,7 +33,7 @@ def _regress(student: Flow, z: torch.Tensor, x: torch.Tensor, *, steps: int, lr:
     """Full-batch Adam on the regression loss (float64, deterministic)."""
     optimizer = torch.optim.Adam(student.parameters(), lr=lr)
     for _ in range(steps):
-        loss, _ = pair_regression_loss(student, z, x, consistency=consistency)
+        loss, _ = pair_regression_loss(student, x, z, consistency=consistency)
         optimizer.zero_grad()
         loss.backward()
         optimizer.step()
@@ -51,11 +51,11 @@ def test_loss_is_zero_for_the_exact_map(consistency: float) -> None:
     with torch.no_grad():
         z = flow.transform(x)
     for model in (flow, flow.transform):  # a Flow or its transform
-        loss, metrics = pair_regression_loss(model, z, x, consistency=consistency)
+        loss, metrics = pair_regression_loss(model, x, z, consistency=consistency)
         assert loss.item() < 1e-24
         assert ("consistency_error" in metrics) == (consistency > 0)
     # and not zero for pairs that are not the map's
-    loss, _ = pair_regression_loss(flow, z + 0.1, x, consistency=consistency)
+    loss, _ = pair_regression_loss(flow, x, z + 0.1, consistency=consistency)
     assert loss.item() > 1e-4
 
 
@@ -67,7 +67,7 @@ def test_loss_value_and_gradient_on_a_linear_toy() -> None:
     z = torch.randn(50, 3, dtype=torch.float64, generator=_gen(0))
     x = torch.randn(50, 3, dtype=torch.float64, generator=_gen(1))
     lam = 0.7
-    loss, metrics = pair_regression_loss(layer, z, x, consistency=lam)
+    loss, metrics = pair_regression_loss(layer, x, z, consistency=lam)
     loss.backward()
     t, s = layer.params.detach()[..., 0], layer.params.detach()[..., 1]  # the float32-rounded initial values
     r = (z - t) * torch.exp(-s) - x  # T⁻¹(z) − x
@@ -89,9 +89,9 @@ def test_loss_handles_batch_shapes_and_context() -> None:
     c = torch.randn(4, 5, 2, dtype=torch.float64)
     with torch.no_grad():
         z = flow.transform(x, c)
-    loss, _ = pair_regression_loss(flow, z, x, c)
+    loss, _ = pair_regression_loss(flow, x, z, c)
     assert loss.shape == () and loss.item() < 1e-24
-    loss, _ = PairRegression()(flow, (z, x + 1.0, c))
+    loss, _ = PairRegression()(flow, (x + 1.0, z, c))
     assert loss.item() > 1.0
 
 
@@ -99,18 +99,18 @@ def test_loss_rejects_bad_input() -> None:
     flow = RealNVP(2, transforms=2, hidden=(8,))
     z, x = torch.randn(5, 2), torch.randn(5, 2)
     with pytest.raises(ValueError, match="expected z and x with the same batch shape"):
-        pair_regression_loss(flow, z, x[:4])
+        pair_regression_loss(flow, x[:4], z)
     with pytest.raises(ValueError, match=r"expected x of shape \(\*batch, 2\)"):
-        pair_regression_loss(flow, z, torch.randn(5, 3))
+        pair_regression_loss(flow, torch.randn(5, 3), z)
     with pytest.raises(ValueError, match="expected a finite consistency weight >= 0"):
-        pair_regression_loss(flow, z, x, consistency=-1.0)
+        pair_regression_loss(flow, x, z, consistency=-1.0)
     with pytest.raises(TypeError, match="expected a Flow or a Bijection"):
         pair_regression_loss(torch.nn.Linear(2, 2), z, x)
     with pytest.raises(ValueError, match="expected a finite consistency weight >= 0"):
         PairRegression(float("nan"))
-    with pytest.raises(TypeError, match=r"expected a batch \(z, x\) or \(z, x, context\)"):
+    with pytest.raises(TypeError, match=r"expected a batch \(x, z\) or \(x, z, context\)"):
         PairRegression()(flow, (x,))
-    with pytest.raises(TypeError, match=r"expected a batch \(z, x\) or \(z, x, context\)"):
+    with pytest.raises(TypeError, match=r"expected a batch \(x, z\) or \(x, z, context\)"):
         PairRegression()(flow, x)
 
 
@@ -145,7 +145,7 @@ def test_ot_pairs_is_optimal_within_each_chunk() -> None:
     z = torch.randn(n, 2, dtype=torch.float64, generator=_gen(0))
     x = torch.randn(n, 2, dtype=torch.float64, generator=_gen(1)) + 1.0
     for shuffle in (False, True):
-        z_out, x_out = ot_pairs(z, x, batch_size=chunk, shuffle=shuffle, generator=_gen(2))
+        x_out, z_out = ot_pairs(x, z, batch_size=chunk, shuffle=shuffle, generator=_gen(2))
         assert z_out is z
         # a permutation of the target samples (each used once)
         assert torch.equal(torch.sort(x_out[:, 0]).values, torch.sort(x[:, 0]).values)
@@ -154,25 +154,25 @@ def test_ot_pairs_is_optimal_within_each_chunk() -> None:
             best = min(_cost(zc, xc[list(p)]) for p in itertools.permutations(range(xc.shape[0])))
             assert _cost(zc, xc) == pytest.approx(best, rel=1e-12)
     # without shuffling, chunk i pairs z's chunk i with x's chunk i
-    _, x_out = ot_pairs(z, x, batch_size=chunk, shuffle=False)
+    x_out, _ = ot_pairs(x, z, batch_size=chunk, shuffle=False)
     assert torch.equal(torch.sort(x_out[:chunk, 0]).values, torch.sort(x[:chunk, 0]).values)
     # one chunk: the global optimum
-    _, x_all = ot_pairs(z[:7], x[:7], batch_size=100, shuffle=False)
+    x_all, _ = ot_pairs(x[:7], z[:7], batch_size=100, shuffle=False)
     assert torch.equal(x_all, x[:7][ot_assignment(z[:7], x[:7])])
 
 
 def test_ot_pairs_reject_bad_input() -> None:
-    z = torch.randn(4, 2)
-    with pytest.raises(ValueError, match=r"expected z and x of the same shape \(N, \*event\)"):
-        ot_assignment(z, torch.randn(5, 2))
-    with pytest.raises(ValueError, match="expected a finite x"):
-        ot_assignment(z, torch.tensor([[0.0, float("nan")]] * 4))
-    with pytest.raises(TypeError, match="expected a floating-point x"):
-        ot_assignment(z, torch.ones(4, 2, dtype=torch.long))
-    with pytest.raises(ValueError, match=r"expected z of shape \(N, \*event\) with N >= 1"):
+    x = torch.randn(4, 2)
+    with pytest.raises(ValueError, match=r"expected x and z of the same shape \(N, \*event\)"):
+        ot_assignment(x, torch.randn(5, 2))
+    with pytest.raises(ValueError, match="expected a finite z"):
+        ot_assignment(x, torch.tensor([[0.0, float("nan")]] * 4))
+    with pytest.raises(TypeError, match="expected a floating-point z"):
+        ot_assignment(x, torch.ones(4, 2, dtype=torch.long))
+    with pytest.raises(ValueError, match=r"expected x of shape \(N, \*event\) with N >= 1"):
         ot_assignment(torch.randn(4), torch.randn(4))
     with pytest.raises(ValueError, match="expected a positive int batch_size"):
-        ot_pairs(z, z, batch_size=0)
+        ot_pairs(x, x, batch_size=0)
 
 
 # -- teacher pairs -------------------------------------------------------------------------------
@@ -182,14 +182,14 @@ def test_teacher_pairs_are_the_teachers_sampling_map() -> None:
     teacher = _affine_teacher()
     teacher.train()
     torch.manual_seed(0)
-    z, x = teacher_pairs(teacher, 10, batch_size=3)
+    x, z = teacher_pairs(teacher, 10, batch_size=3)
     assert z.shape == x.shape == (10, 2) and z.dtype == torch.float64
     torch.testing.assert_close(x, teacher.transform.inverse(z))
     assert teacher.training  # mode restored
     # conditional teacher: one latent per context row, x = f⁻¹(z; c)
     cond = perturb_parameters(RealNVP(2, context=1, transforms=2, hidden=(8,)), 0.3, generator=_gen(0))
     c = torch.randn(7, 1)
-    z, x = teacher_pairs(cond, 7, context=c, batch_size=4)
+    x, z = teacher_pairs(cond, 7, context=c, batch_size=4)
     torch.testing.assert_close(x, cond.transform.inverse(z, c))
 
 
@@ -216,7 +216,7 @@ def test_distilled_flow_recovers_a_known_affine_map() -> None:
     """Teacher x = A z + b; a student of the same (affine) class, trained on pairs only, recovers map and density."""
     teacher = _affine_teacher(seed=3)
     torch.manual_seed(1)
-    z, x = teacher_pairs(teacher, 256)
+    x, z = teacher_pairs(teacher, 256)
     student = Flow(Chain(LULinear(2), Affine(2)), StandardNormal(2)).double()
     loss = _regress(student, z, x, steps=1500, lr=0.02)
     assert loss < 1e-12
@@ -231,11 +231,11 @@ def test_distilled_flow_recovers_a_known_affine_map() -> None:
 def test_pair_regression_in_the_trainer() -> None:
     teacher = _affine_teacher(seed=4).float()
     torch.manual_seed(0)
-    z, x = teacher_pairs(teacher, 512)
+    x, z = teacher_pairs(teacher, 512)
     student = RealNVP(2, transforms=2, hidden=(16,))
-    before, _ = pair_regression_loss(student, z, x)
+    before, _ = pair_regression_loss(student, x, z)
     history = Trainer(student, PairRegression(consistency=0.5), lr=1e-2, progress=False).fit(
-        (z[:448], x[:448]), val=(z[448:], x[448:]), epochs=8, batch_size=64
+        (x[:448], z[:448]), val=(x[448:], z[448:]), epochs=8, batch_size=64
     )
     last = history.last()
     assert {"val_loss", "val_sampling_error", "val_consistency_error", "sampling_error"} <= set(last)
@@ -253,7 +253,7 @@ def test_exact_distilled_map_has_unit_ess_and_exact_snis() -> None:
     target = Gaussian(2, loc=loc, scale=scale).double()
     teacher = Flow(Affine(2, shift=-loc / scale, log_scale=-scale.log()), StandardNormal(2)).double()  # z = (x − μ)/σ
     torch.manual_seed(0)
-    z, x = teacher_pairs(teacher, 128)
+    x, z = teacher_pairs(teacher, 128)
     student = Flow(Affine(2), StandardNormal(2)).double()
     assert _regress(student, z, x, steps=1500, lr=0.05) < 1e-14
     torch.manual_seed(1)
@@ -274,7 +274,7 @@ def test_snis_with_an_inexact_distilled_map_converges_to_the_closed_form(n: int)
     target = Gaussian(2, loc=loc, scale=scale).double()
     teacher = Flow(Affine(2, shift=-loc / scale, log_scale=-scale.log()), StandardNormal(2)).double()
     torch.manual_seed(0)
-    z, x = teacher_pairs(teacher, 128)
+    x, z = teacher_pairs(teacher, 128)
     student = Flow(Affine(2), StandardNormal(2)).double()
     _regress(student, z, x, steps=15, lr=0.05)  # far from converged
     torch.manual_seed(2)

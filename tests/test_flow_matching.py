@@ -171,7 +171,7 @@ def test_the_stable_target_is_the_posterior_mean_of_the_velocity(with_reference:
     gen = torch.Generator().manual_seed(0)
     x = torch.randn(5, 2, generator=gen, dtype=torch.float64) * 1.5
     extra = torch.randn(4, 2, generator=gen, dtype=torch.float64) if with_reference else None
-    objective = FlowMatching(sigma=sigma, target="stable", reference=extra, time_power=0.7)
+    objective = FlowMatching(sigma=sigma, velocity="stable", reference=extra, time_power=0.7)
     s, y, u = _targets(objective, flow, x, seed=3)
     rows = x if extra is None else torch.cat([x, extra])  # the batch is always part of the reference
     expected = _posterior_velocity_by_quadrature(y.detach(), s, rows, sigma, t1 - t0)
@@ -184,7 +184,7 @@ def test_the_stable_target_is_the_posterior_mean_of_the_velocity(with_reference:
 def test_the_stable_target_at_sigma_zero_and_its_limit_at_the_data() -> None:
     flow = Flow(CNF(2, field=Probe()), StandardNormal(2)).double()
     x = torch.randn(6, 2, generator=torch.Generator().manual_seed(1), dtype=torch.float64)
-    s, y, u = _targets(FlowMatching(target="stable"), flow, x)
+    s, y, u = _targets(FlowMatching(velocity="stable"), flow, x)
     # sigma = 0: the state fixes z given the row, z_j = (y - (1 - s) r_j)/s, and p(r_j | y) ∝ N(y; (1 - s) r_j, s²)
     keep = (1 - s)[:, None, None]
     z = (y[:, None] - keep * x[None]) / s[:, None, None]  # (N, M, 2)
@@ -192,7 +192,7 @@ def test_the_stable_target_at_sigma_zero_and_its_limit_at_the_data() -> None:
     expected = ((z - x[None]) * w[..., None]).sum(1)
     assert torch.allclose(u, expected.detach(), atol=1e-9, rtol=0)
     # times at the data end itself (s = u^p underflows to exactly 0): the limit, each pair's own z - x
-    _, _, at_data = _targets(FlowMatching(target="stable", time_power=1e6), flow, x, seed=5)
+    _, _, at_data = _targets(FlowMatching(velocity="stable", time_power=1e6), flow, x, seed=5)
     s_zero, _, own = _targets(FlowMatching(time_power=1e6), flow, x, seed=5)
     assert bool((s_zero == 0).all()) and torch.equal(at_data, own) and bool(torch.isfinite(at_data).all())
 
@@ -204,8 +204,8 @@ def test_the_stable_target_has_a_far_smaller_variance_than_the_conditional_one()
     x = centres[torch.randint(2, (512,), generator=gen)] + 0.1 * torch.randn(512, 2, generator=gen, dtype=torch.float64)
     errors = {}
     for target in ("conditional", "stable"):
-        u = _targets(FlowMatching(sigma=0.05, target=target), flow, x)[2]
-        stable = _targets(FlowMatching(sigma=0.05, target="stable", reference=x), flow, x)[2]
+        u = _targets(FlowMatching(sigma=0.05, velocity=target), flow, x)[2]
+        stable = _targets(FlowMatching(sigma=0.05, velocity="stable", reference=x), flow, x)[2]
         errors[target] = float((u - stable).square().sum(-1).mean())  # spread about a 1024-row posterior mean
     # a 512-row reference is close to the 1024-row one; single pairs scatter about it by O(1) per coordinate
     assert errors["stable"] < 0.05 * errors["conditional"], errors
@@ -220,53 +220,53 @@ def test_the_stable_target_maps_its_reference_through_the_fixed_layers_in_front(
     front = Standardize.fit(torch.cat([x, reference])).double()
     with_front = Flow(Chain(front, CNF(2, field=Probe())), StandardNormal(2)).double()
     plain = Flow(CNF(2, field=Probe()), StandardNormal(2)).double()
-    objective = FlowMatching(sigma=0.1, target="stable", reference=reference)
+    objective = FlowMatching(sigma=0.1, velocity="stable", reference=reference)
     u = _targets(objective, with_front, x)[2]
     with torch.no_grad():
         mapped, mapped_reference = front(x), front(reference)
-    expected = _targets(FlowMatching(sigma=0.1, target="stable", reference=mapped_reference), plain, mapped)[2]
+    expected = _targets(FlowMatching(sigma=0.1, velocity="stable", reference=mapped_reference), plain, mapped)[2]
     assert torch.allclose(u, expected, atol=1e-12)
-    unmapped = _targets(FlowMatching(sigma=0.1, target="stable", reference=reference), plain, mapped)[2]
+    unmapped = _targets(FlowMatching(sigma=0.1, velocity="stable", reference=reference), plain, mapped)[2]
     assert float((unmapped - expected).abs().max()) > 1e-3
 
 
 def test_the_stable_target_is_validated() -> None:
     x = torch.randn(8, 2)
     flow = Flow(CNF(2, hidden=(4,)), StandardNormal(2))
-    with pytest.raises(ValueError, match="expected target in"):
-        FlowMatching(target="marginal")
-    with pytest.raises(ValueError, match='reference and reference_size are for target="stable"'):
+    with pytest.raises(ValueError, match="expected velocity in"):
+        FlowMatching(velocity="marginal")
+    with pytest.raises(ValueError, match='reference and reference_size are for velocity="stable"'):
         FlowMatching(reference=x)
-    with pytest.raises(ValueError, match='reference and reference_size are for target="stable"'):
+    with pytest.raises(ValueError, match='reference and reference_size are for velocity="stable"'):
         FlowMatching(reference_size=4)
     with pytest.raises(ValueError, match='needs coupling="independent"'):
-        FlowMatching(target="stable", coupling="ot")
+        FlowMatching(velocity="stable", coupling="ot")
     with pytest.raises(TypeError, match=r"expected reference to be a floating-point tensor, got dtype torch\.int64"):
-        FlowMatching(target="stable", reference=torch.ones(4, 2, dtype=torch.long))
+        FlowMatching(velocity="stable", reference=torch.ones(4, 2, dtype=torch.long))
     with pytest.raises(TypeError, match="floating-point tensor, got list"):
-        FlowMatching(target="stable", reference=[[0.0, 1.0]])
+        FlowMatching(velocity="stable", reference=[[0.0, 1.0]])
     for shape in ((0, 2), (5,)):
         with pytest.raises(ValueError, match=r"expected reference rows of shape \(M >= 1, \*event\)"):
-            FlowMatching(target="stable", reference=torch.zeros(shape))
+            FlowMatching(velocity="stable", reference=torch.zeros(shape))
     bad = torch.zeros(5, 2)
     bad[1, 0], bad[3, 1] = math.nan, math.inf
     with pytest.raises(ValueError, match="expected finite reference rows, got 2 with NaN or Inf"):
-        FlowMatching(target="stable", reference=bad)
+        FlowMatching(velocity="stable", reference=bad)
     for size in (0, -1, 2.5, True):
         with pytest.raises(ValueError, match="expected reference_size to be an integer >= 1"):
-            FlowMatching(target="stable", reference=x, reference_size=size)
+            FlowMatching(velocity="stable", reference=x, reference_size=size)
     with pytest.raises(ValueError, match=r"expected reference rows of event shape \(2,\) \(as the data\), got \(3,\)"):
-        FlowMatching(target="stable", reference=torch.zeros(4, 3))(flow, (x,))
-    with pytest.raises(ValueError, match='target="stable" does not support a context'):
+        FlowMatching(velocity="stable", reference=torch.zeros(4, 3))(flow, (x,))
+    with pytest.raises(ValueError, match='velocity="stable" does not support a context'):
         conditional = Flow(CNF(2, context=1, hidden=(4,)), StandardNormal(2))
-        FlowMatching(target="stable")(conditional, (x, torch.zeros(8, 1)))
+        FlowMatching(velocity="stable")(conditional, (x, torch.zeros(8, 1)))
     with pytest.raises(TypeError, match=r"needs a StandardNormal base .* got DiagNormal"):
-        FlowMatching(target="stable")(Flow(CNF(2, hidden=(4,)), flows.DiagNormal(2)), (x,))
-    assert repr(FlowMatching(target="stable", reference=x, reference_size=3)) == (
-        "FlowMatching(sigma=0, coupling='independent', target='stable', reference=8 rows, reference_size=3, "
+        FlowMatching(velocity="stable")(Flow(CNF(2, hidden=(4,)), flows.DiagNormal(2)), (x,))
+    assert repr(FlowMatching(velocity="stable", reference=x, reference_size=3)) == (
+        "FlowMatching(sigma=0, coupling='independent', velocity='stable', reference=8 rows, reference_size=3, "
         "eval_nll=False)"
     )
-    assert "target" not in repr(FlowMatching())
+    assert "velocity" not in repr(FlowMatching())
 
 
 def test_minibatch_ot_agrees_with_brute_force_over_permutations() -> None:
@@ -329,7 +329,7 @@ def test_a_flow_matched_cnf_reaches_the_analytic_nll_of_a_2d_gaussian(stable: bo
     flow = Flow(CNF(2, hidden=(32,), rtol=1e-6, atol=1e-6), StandardNormal(2)).double()
     objective = FlowMatching()
     if stable:  # the stable target, over the batch and 512 of 8192 reference rows drawn each step
-        objective = FlowMatching(target="stable", reference=target.sample((8192,)), reference_size=512)
+        objective = FlowMatching(velocity="stable", reference=target.sample((8192,)), reference_size=512)
     optimizer = torch.optim.Adam(flow.parameters(), lr=1e-2)
     scheduler = torch.optim.lr_scheduler.CosineAnnealingLR(optimizer, 800)
     for _ in range(800):  # about 2 ms a step: no ODE solve in training
@@ -355,12 +355,12 @@ def _fm_trainer(checkpoint: Path | None = None, objective: FlowMatching | None =
     return Trainer(flow, objective, lr=1e-2, checkpoint=checkpoint, **kwargs)
 
 
-@pytest.mark.parametrize("target", ["conditional", "stable"])
-def test_trainer_resumes_flow_matching_exactly_and_validates_with_the_ode(tmp_path: Path, target: str) -> None:
+@pytest.mark.parametrize("velocity", ["conditional", "stable"])
+def test_trainer_resumes_flow_matching_exactly_and_validates_with_the_ode(tmp_path: Path, velocity: str) -> None:
     x = torch.randn(120, 2, generator=torch.Generator().manual_seed(0)) * torch.tensor([1.0, 0.3])
     make = _fm_trainer
-    if target == "stable":  # its reference rows are drawn by the global generator, which checkpoints save
-        objective = FlowMatching(sigma=0.1, target="stable", reference=x[:100], reference_size=16, eval_nll=True)
+    if velocity == "stable":  # its reference rows are drawn by the global generator, which checkpoints save
+        objective = FlowMatching(sigma=0.1, velocity="stable", reference=x[:100], reference_size=16, eval_nll=True)
         make = functools.partial(_fm_trainer, objective=objective)
     full = make()
     full.fit(x[:100], x[100:], epochs=3, batch_size=25)
@@ -420,19 +420,22 @@ def test_cli_fit_with_flow_matching_on_a_cnf_and_refusal_for_other_models(tmp_pa
     assert code == 0
     assert "test log-likelihood:" in capsys.readouterr().out
     assert (out / "model.safetensors").is_file()
-    stable = ["--model", "FFJORD", "--transforms", "1", "--objective", "fm", "--target", "stable", "--sigma", "0.05"]
+    stable = ["--model", "FFJORD", "--transforms", "1", "--objective", "fm", "--velocity", "stable", "--sigma", "0.05"]
     code = main(["fit", *tiny, *stable, "--reference-size", "64", "--time-power", "2", "--out", str(tmp_path / "st")])
     assert code == 0 and (tmp_path / "st" / "model.safetensors").is_file()
     capsys.readouterr()
     code = main(["fit", *tiny, *stable, "--coupling", "ot", "--out", str(tmp_path / "st-ot")])
     assert code == 2
     error = capsys.readouterr().err.strip()
-    assert error.count("\n") == 0 and 'target="stable" needs coupling="independent"' in error
+    assert error.count("\n") == 0 and 'velocity="stable" needs coupling="independent"' in error
     # flow-matching flags that the run would ignore are refused, not dropped
     for flags, expected in (
         (["--sigma", "0.1"], "--sigma 0.1: expected flow-matching flags only with --objective fm, got --objective ml"),
-        (["--target", "stable", "--time-power", "2"], "--target stable, --time-power 2.0: expected flow-matching"),
-        (["--objective", "fm", "--reference-size", "64"], "--reference-size 64: expected it only with --target stable"),
+        (["--velocity", "stable", "--time-power", "2"], "--velocity stable, --time-power 2.0: expected flow-matching"),
+        (
+            ["--objective", "fm", "--reference-size", "64"],
+            "--reference-size 64: expected it only with --velocity stable",
+        ),
     ):
         code = main(["fit", *tiny, "--model", "FFJORD", "--transforms", "1", *flags, "--out", str(tmp_path / "x")])
         assert code == 2, flags
@@ -543,8 +546,8 @@ def test_flow_matching_refuses_rnode_weights_it_would_not_add() -> None:
         ({"sigma": "0.1"}, TypeError, "expected sigma to be a real number, got str"),
         ({"time_power": True}, TypeError, "expected time_power to be a real number, got bool"),
         ({"eval_nll": 1}, TypeError, "expected eval_nll to be a bool"),
-        ({"eval_seed": 0.5}, TypeError, "expected eval_seed to be an integer"),
-        ({"target": "stable", "reference_size": 4}, ValueError, "reference_size draws rows from reference, got"),
+        ({"eval_seed": 0.5}, TypeError, "expected eval_seed to be an int, got 0.5"),
+        ({"velocity": "stable", "reference_size": 4}, ValueError, "reference_size draws rows from reference, got"),
     ],
 )
 def test_flow_matching_options_out_of_domain(options: dict, error: type, match: str) -> None:

@@ -17,7 +17,7 @@ from flows.testing import perturb_parameters
 def _trained_like(seed: int = 0, **options) -> flows.Glow:
     """A float64 Glow on 8×8 images with ActNorm initialised and parameters away from the identity."""
     torch.manual_seed(seed)
-    options = {"levels": 2, "steps": 2, "hidden": (8, 8), **options}
+    options = {"scales": 2, "steps": 2, "hidden": (8, 8), **options}
     context = options.pop("context", 0)
     g = flows.Glow((1, 8, 8), context, **options).double()
     c = torch.randn(32, context, dtype=torch.float64) if context else None
@@ -25,7 +25,7 @@ def _trained_like(seed: int = 0, **options) -> flows.Glow:
     return perturb_parameters(g, 0.05).eval()
 
 
-@pytest.mark.parametrize("options", [{}, {"split": "eiw", "mixer": "lu"}, {"coupling": "additive", "levels": 1}])
+@pytest.mark.parametrize("options", [{}, {"split": "eiw", "mixer": "lu"}, {"coupling": "additive", "scales": 1}])
 def test_sample_and_log_prob_agree_with_log_prob(options: dict) -> None:
     g = _trained_like(**options)
     x, log_p = g.sample_and_log_prob((5,))
@@ -36,7 +36,7 @@ def test_sample_and_log_prob_agree_with_log_prob(options: dict) -> None:
 
 def test_the_split_prior_is_glows_conditional_gaussian() -> None:
     """log p(x) = [log-dets up to the split] + log N(z_o; μ(h_k), σ(h_k)) + [inner level's log-density]."""
-    g = _trained_like(levels=2, steps=1)
+    g = _trained_like(scales=2, steps=1)
     logit, level = g.transform
     pre, prior, split = flows.Chain(logit, *level[:-2]), level[-2], level[-1]
     x = torch.rand(4, 1, 8, 8, dtype=torch.float64)
@@ -81,7 +81,7 @@ def test_class_conditional_glow() -> None:
 
 
 def test_eiw_glow_hands_its_regulariser_to_the_trainer_and_eval_changes_nothing() -> None:
-    g = _trained_like(split="eiw", levels=3, steps=1, hidden=(4, 4), logit_alpha=None)
+    g = _trained_like(split="eiw", scales=3, steps=1, hidden=(4, 4), logit_alpha=None)
     shuffles = [m for m in g.modules() if isinstance(m, flows.EIWShuffle)]
     assert len(shuffles) == 2 and [s.split for s in shuffles] == [2, 4]
     x = torch.randn(16, 1, 8, 8, dtype=torch.float64)
@@ -98,7 +98,7 @@ def test_eiw_glow_hands_its_regulariser_to_the_trainer_and_eval_changes_nothing(
 
 def test_state_dict_restores_actnorm_and_eiw_buffers() -> None:
     g = _trained_like(split="eiw")
-    fresh = flows.Glow((1, 8, 8), levels=2, steps=2, hidden=(8, 8), split="eiw").double()
+    fresh = flows.Glow((1, 8, 8), scales=2, steps=2, hidden=(8, 8), split="eiw").double()
     fresh.load_state_dict(g.state_dict())
     fresh.eval()
     x = torch.rand(3, 1, 8, 8, dtype=torch.float64)
@@ -107,7 +107,7 @@ def test_state_dict_restores_actnorm_and_eiw_buffers() -> None:
 
 def test_bits_per_dim_of_an_untrained_glow_is_close_to_the_uniform_density() -> None:
     """At initialisation every coupling and prior is the identity: only the logit, ActNorm and the base count."""
-    g = flows.Glow((1, 8, 8), levels=2, steps=1, hidden=(4, 4), logit_alpha=0.05)
+    g = flows.Glow((1, 8, 8), scales=2, steps=1, hidden=(4, 4), logit_alpha=0.05)
     v = torch.randint(0, 17, (256, 1, 8, 8))
     x = flows.data.uniform_dequantize(v, 17)
     with flows.evaluating(g), torch.no_grad():
@@ -118,8 +118,8 @@ def test_bits_per_dim_of_an_untrained_glow_is_close_to_the_uniform_density() -> 
 
 
 def test_glow_arguments_and_inputs_are_checked() -> None:
-    with pytest.raises(ValueError, match=r"expected height and width divisible by 2\*\*levels = 8, got 28×28"):
-        flows.Glow((1, 28, 28), levels=3)
+    with pytest.raises(ValueError, match=r"expected height and width divisible by 2\*\*scales = 8, got 28×28"):
+        flows.Glow((1, 28, 28), scales=3)
     with pytest.raises(ValueError, match="expected an image shape"):
         flows.Glow((28, 28))
     with pytest.raises(ValueError, match=r"expected mixer in \['1x1', 'lu', 'circulant'\], got 'dense'"):
@@ -130,7 +130,7 @@ def test_glow_arguments_and_inputs_are_checked() -> None:
         flows.Glow((1, 8, 8), coupling="spline")
     with pytest.raises(ValueError, match="Glow: expected steps to be an int >= 1, got 0"):
         flows.Glow((1, 8, 8), steps=0)
-    g = flows.Glow((1, 8, 8), levels=1, steps=1, hidden=(4, 4))
+    g = flows.Glow((1, 8, 8), scales=1, steps=1, hidden=(4, 4))
     with pytest.raises(ValueError, match=r"expected inputs in \[0, 1\] \(dequantized images\)"):
         g.log_prob(torch.full((2, 1, 8, 8), 255.0))
     with pytest.raises(ValueError, match=r"expected input of shape \(\*batch, 1, 8, 8\)"):

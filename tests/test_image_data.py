@@ -51,7 +51,7 @@ def test_real_mnist_when_the_data_directory_is_set() -> None:
 
 def _dequantizer(seed: int = 0) -> VariationalDequantizer:
     torch.manual_seed(seed)
-    return perturb_parameters(VariationalDequantizer((1, 4, 4), 17, steps=3, hidden=8).double(), 0.05)
+    return perturb_parameters(VariationalDequantizer((1, 4, 4), 17, steps=3, hidden=(8, 8)).double(), 0.05)
 
 
 def test_variational_noise_stays_in_its_cell_and_log_q_is_exact() -> None:
@@ -95,7 +95,7 @@ def test_dequantizer_errors() -> None:
         VariationalDequantizer((1, 5, 4), 17)
     with pytest.raises(ValueError, match="expected levels >= 2"):
         VariationalDequantizer((1, 4, 4), 1)
-    deq = VariationalDequantizer((1, 4, 4), 17, steps=1, hidden=4)
+    deq = VariationalDequantizer((1, 4, 4), 17, steps=1, hidden=(4, 4))
     with pytest.raises(ValueError, match=r"expected levels_data of shape \(\*batch, 1, 4, 4\)"):
         deq(torch.zeros(2, 16, dtype=torch.long))
     with pytest.raises(ValueError, match=r"expected x in \(\(v \+ 0\)/K, \(v \+ 1\)/K\)"):

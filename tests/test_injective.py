@@ -392,7 +392,7 @@ def test_loss_terms_add_up_and_reach_every_parameter() -> None:
     torch.manual_seed(0)
     latent = flows.RealNVP(2, transforms=2, hidden=(8,))
     perturb_parameters(latent, 0.1)
-    model = flows.FreeFormInjectiveFlow(3, latent_features=2, latent=latent, hidden=(16,), beta=3.0, noise=0.0)
+    model = flows.FreeFormInjectiveFlow(3, latent_features=2, latent=latent, hidden=(16,), beta=3.0, noise_std=0.0)
     x = torch.randn(5, 3)
     terms = model.loss_terms(x, generator=torch.Generator().manual_seed(0))
     assert all(v.shape == (5,) for v in terms.values())
@@ -407,10 +407,10 @@ def test_loss_terms_add_up_and_reach_every_parameter() -> None:
 
 def test_training_noise_is_applied_and_can_be_overridden() -> None:
     torch.manual_seed(0)
-    model = flows.FreeFormInjectiveFlow(3, latent_features=1, hidden=(8,), noise=0.5)
+    model = flows.FreeFormInjectiveFlow(3, latent_features=1, hidden=(8,), noise_std=0.5)
     x = torch.randn(4, 3)
-    clean = model.loss_terms(x, noise=0.0)["reconstruction"]
-    torch.testing.assert_close(model.loss_terms(x, noise=0.0)["reconstruction"], clean)
+    clean = model.loss_terms(x, noise_std=0.0)["reconstruction"]
+    torch.testing.assert_close(model.loss_terms(x, noise_std=0.0)["reconstruction"], clean)
     noisy = model.loss_terms(x, generator=torch.Generator().manual_seed(0))["reconstruction"]
     assert (noisy - clean).abs().max() > 1e-3
 
@@ -451,7 +451,7 @@ def test_short_training_puts_samples_on_the_sine_curve() -> None:
     torch.manual_seed(0)
     manifold = SineManifold(1)
     data = manifold.sample(4096, generator=torch.Generator().manual_seed(0))
-    model = flows.FreeFormInjectiveFlow(2, latent_features=1, hidden=(32, 32), noise=0.1)
+    model = flows.FreeFormInjectiveFlow(2, latent_features=1, hidden=(32, 32), noise_std=0.1)
     optimizer = torch.optim.Adam(model.parameters(), lr=3e-3)
     generator = torch.Generator().manual_seed(1)
     for _ in range(300):
@@ -474,8 +474,8 @@ def test_flow_rejects_bad_arguments_and_inputs() -> None:
         make(2, latent_features=3)
     with pytest.raises(ValueError, match="expected beta to be a finite number >= 0, got -1"):
         make(3, latent_features=1, beta=-1)
-    with pytest.raises(ValueError, match="expected noise to be a finite number >= 0, got nan"):
-        make(3, latent_features=1, noise=float("nan"))
+    with pytest.raises(ValueError, match="expected noise_std to be a finite number >= 0, got nan"):
+        make(3, latent_features=1, noise_std=float("nan"))
     with pytest.raises(ValueError, match=r"expected 1 <= hutchinson_samples <= latent_features = 2, got 3"):
         make(3, latent_features=2, hutchinson_samples=3)
     with pytest.raises(ValueError, match=r"expected a latent flow with event shape \(2,\), got \(3,\)"):
@@ -502,7 +502,7 @@ def test_trainer_objective_trains_and_validates_with_the_exact_likelihood() -> N
     torch.manual_seed(0)
     manifold = SineManifold(1)
     data = manifold.sample(640, generator=torch.Generator().manual_seed(0))
-    model = flows.FreeFormInjectiveFlow(2, latent_features=1, hidden=(16,), noise=0.1)
+    model = flows.FreeFormInjectiveFlow(2, latent_features=1, hidden=(16,), noise_std=0.1)
     objective = FreeFormInjectiveObjective()
     before = objective.evaluate(model, [(data[512:],)])
     history = Trainer(model, objective, lr=3e-3, progress=False).fit(data[:512], data[512:], epochs=3, batch_size=64)

@@ -54,7 +54,8 @@ TARGETS = {
     "PhiFour": lambda: PhiFour(3, dims=2),
     "TemperedEnergy": lambda: TemperedEnergy(DoubleWell(), 2.0),
 }
-ABSTRACT_TARGETS = {"Energy", "EnergyTarget", "ParticleSystem"}  # the protocol and the base classes
+# the protocol, the base classes and the adapter
+ABSTRACT_TARGETS = {"Energy", "EnergyTarget", "ParticleSystem", "ProtocolTarget", "as_target"}
 # OpenMM targets need the optional openmm package and a force field: tests/test_molecules_openmm.py sweeps them
 OPTIONAL_TARGETS = {"AlanineDipeptide", "OpenMMTarget"}
 

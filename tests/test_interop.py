@@ -238,7 +238,7 @@ def test_a_declared_context_that_no_layer_reads_is_refused() -> None:
     with pytest.raises(ValueError, match="never read a context"):
         Flow(Affine(2), DiagNormal(2), context=3)
     assert Flow(Affine(2), DiagNormal(2), context=0).context_features == 0
-    with pytest.raises(ValueError, match="expected context >= 0, got -1"):
+    with pytest.raises(ValueError, match="expected context to be an int >= 0, got -1"):
         Flow(Affine(2), DiagNormal(2), context=-1)
 
 

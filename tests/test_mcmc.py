@@ -505,7 +505,7 @@ def test_bad_arguments_raise_clear_errors() -> None:
         kernel.init(torch.zeros(3, dtype=torch.float64))
     with pytest.raises(TypeError, match="expected floating-point positions"):
         kernel.init(torch.zeros(4, 3, dtype=torch.long))
-    with pytest.raises(TypeError, match="expected an EnergyTarget"):
+    with pytest.raises(TypeError, match=r"expected target to be an EnergyTarget or an object"):
         MALA(lambda x: x)
     with pytest.raises(ValueError, match="expected a positive finite step_size"):
         MALA(target, step_size=0.0)

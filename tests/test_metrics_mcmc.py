@@ -173,7 +173,7 @@ def test_sliced_wasserstein_order_and_projections_are_checked() -> None:
     for p in (math.inf, math.nan, 0.5, True):
         with pytest.raises(ValueError, match="expected a finite order p >= 1"):
             sliced_wasserstein(x, x, p=p)
-    with pytest.raises(ValueError, match=r"expected projections in \[1, 1000000\]"):
+    with pytest.raises(ValueError, match=r"expected projections to be an int in \[1, 1000000\]"):
         sliced_wasserstein(x, x, projections=10**12)
     nan = x.clone()
     nan[3, 1] = math.nan

@@ -31,7 +31,7 @@ MODELS = {
     "maf-randperm-context": lambda: MAF(3, 2, transforms=2, hidden=[8, 8], randperm=True, activation=torch.nn.Tanh),
     "realnvp-shared": lambda: RealNVP(4, transforms=3, hidden=(8,), share_conditioner=True),
     "ffjord": lambda: FFJORD(2, hidden=(8,), eval_trace="exact"),
-    "glow": lambda: Glow((1, 4, 4), levels=1, steps=1, hidden=(4, 4), mixer="lu"),
+    "glow": lambda: Glow((1, 4, 4), scales=1, steps=1, hidden=(4, 4), mixer="lu"),
 }
 
 

@@ -39,7 +39,7 @@ def _dependent_log_prob(model: nn.Module) -> torch.Tensor:
 
 #: Builders whose first arguments are not ``(features, ...)`` or that need other sizes: how to build one.
 _RECIPES: dict[str, Callable[[type], nn.Module]] = {
-    "Glow": lambda cls: cls((1, 4, 4), levels=1, steps=1, hidden=(4, 4)),
+    "Glow": lambda cls: cls((1, 4, 4), scales=1, steps=1, hidden=(4, 4)),
     "FFJORD": lambda cls: cls(3, transforms=1, hidden=(8,), rtol=1e-6, atol=1e-6, trace="exact"),
     "FreeFormInjectiveFlow": lambda cls: cls(3, latent_features=2, hidden=(8,)),
     "EquivariantCNF": lambda cls: cls(3, 2, hidden=(8,), rtol=1e-6, atol=1e-6),

@@ -50,7 +50,7 @@ def _act(x: torch.Tensor, n: int, d: int, perm: torch.Tensor, rot: torch.Tensor,
 
 def _perturbed_field(n: int, d: int, seed: int = 0) -> EGNN:
     torch.manual_seed(seed)
-    field = EGNN(n, d, hidden=8, layers=2).double()
+    field = EGNN(n, d, width=8, layers=2).double()
     with torch.no_grad():
         for p in field.parameters():
             p.add_(0.1 * torch.randn_like(p))
@@ -96,7 +96,7 @@ def test_egnn_jvp_matches_autograd_jacobian() -> None:
 def test_egnn_divergence_matches_the_autograd_trace(n: int, d: int, layers: int, contract: bool) -> None:
     """Both routes through the last node update (dense tangents, or contracted with the last layer)."""
     torch.manual_seed(layers)
-    field = EGNN(n, d, hidden=6, layers=layers).double()
+    field = EGNN(n, d, width=6, layers=layers).double()
     field.contract_from = 0 if contract else 10**9
     with torch.no_grad():
         for p in field.parameters():
@@ -160,7 +160,7 @@ def test_cnf_uses_the_divergence_hook_for_the_exact_trace() -> None:
 
 
 def test_egnn_rejects_bad_shapes() -> None:
-    field = EGNN(3, 2, hidden=4, layers=1)
+    field = EGNN(3, 2, width=4, layers=1)
     with pytest.raises(ValueError, match=r"expected z of shape \(\*batch, 6\)"):
         field(torch.tensor(0.0), torch.randn(2, 5))
     with pytest.raises(ValueError, match="expected t of shape"):
@@ -414,7 +414,7 @@ def test_particle_nll_and_boltzmann_evaluation() -> None:
     # no autograd graph is kept through the solves (a graph over every step exhausts memory on real sizes)
     assert not nll.requires_grad
     torch.testing.assert_close(particle_nll(flow, x, batch_size=4, progress=True), nll)
-    with pytest.raises(ValueError, match="expected batch_size >= 1"):
+    with pytest.raises(ValueError, match="expected batch_size to be an int >= 1"):
         particle_nll(flow, x, batch_size=0)
     with torch.no_grad():
         torch.testing.assert_close(nll.float(), -flow.log_prob(x), atol=1e-3, rtol=0)
@@ -442,7 +442,7 @@ def test_boltzmann_evaluation_standard_error_survives_samples_of_huge_energy() -
 def test_egnn_compiled_divergence_is_the_eager_one() -> None:
     """``compile_divergence``: the same field, trace and gradient, with the last chunk padded and cut."""
     torch.manual_seed(3)
-    field = EGNN(5, 3, hidden=6, layers=3).double()
+    field = EGNN(5, 3, width=6, layers=3).double()
     with torch.no_grad():
         for p in field.parameters():
             p.add_(0.3 * torch.randn_like(p))
@@ -511,7 +511,7 @@ def test_particle_functions_share_one_input_check() -> None:
         kabsch(torch.zeros(0, 2), torch.zeros(0, 2))
     with pytest.raises(TypeError, match=r"expected x to be a torch\.Tensor"):
         align(x.tolist(), z, 4, 2)
-    with pytest.raises(ValueError, match=r"expected exact_up_to in \[0, 8\]"):
+    with pytest.raises(ValueError, match=r"expected exact_up_to to be an int in \[0, 8\]"):
         align(x, z, 4, 2, exact_up_to=12)
     with pytest.raises(TypeError, match="expected a floating-point dtype"):
         subspace_basis(3, 2, dtype=torch.int64)

@@ -63,11 +63,11 @@ def test_glow_shares_one_network_per_level_with_embedding_maps() -> None:
     from flows import Glow
 
     counts = [
-        _count(Glow((1, 8, 8), levels=2, steps=k, hidden=(16, 16), share_conditioner=True, embedding=3)) for k in (2, 4)
+        _count(Glow((1, 8, 8), scales=2, steps=k, hidden=(16, 16), share_conditioner=True, embedding=3)) for k in (2, 4)
     ]
-    unshared = [_count(Glow((1, 8, 8), levels=2, steps=k, hidden=(16, 16))) for k in (2, 4)]
+    unshared = [_count(Glow((1, 8, 8), scales=2, steps=k, hidden=(16, 16))) for k in (2, 4)]
     assert counts[1] - counts[0] < (unshared[1] - unshared[0]) / 3
-    glow = Glow((1, 8, 8), levels=2, steps=3, hidden=(16, 16), share_conditioner=True, embedding=3)
+    glow = Glow((1, 8, 8), scales=2, steps=3, hidden=(16, 16), share_conditioner=True, embedding=3)
     steps = [m for m in glow.modules() if isinstance(m, StepConditioner)]
     assert len(steps) == 6 and len({id(s.shared) for s in steps}) == 2  # one network per level
     assert {tuple(s.embedding.shape) for s in steps} == {(3, 4, 4), (3, 2, 2)}  # maps at each level's size

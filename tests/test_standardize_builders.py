@@ -60,12 +60,12 @@ def test_standardize_keeps_builder_methods() -> None:
     ffjord.log_prob(data[:3])
     assert isinstance(ffjord, FFJORD) and ffjord.nfe > 0
     images = torch.randn(10, 1, 4, 4) * 3 + 7
-    glow = Glow((1, 4, 4), levels=1, steps=1, hidden=(4, 4), logit_alpha=None, standardize=images)
+    glow = Glow((1, 4, 4), scales=1, steps=1, hidden=(4, 4), logit_alpha=None, standardize=images)
     assert isinstance(glow, Glow)
     assert glow.sample((2,), temperature=0.5).shape == (2, 1, 4, 4)
     assert glow.log_prob(images[:3]).shape == (3,)
     with pytest.raises(ValueError, match="expected logit_alpha=None with standardize"):
-        Glow((1, 4, 4), levels=1, steps=1, hidden=(4, 4), standardize=images)
+        Glow((1, 4, 4), scales=1, steps=1, hidden=(4, 4), standardize=images)
 
 
 def test_config_preprocessing_keeps_the_class(tmp_path) -> None:

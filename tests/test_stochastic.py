@@ -187,11 +187,11 @@ def test_shapes_dtypes_and_bad_arguments() -> None:
         assert type(block).__name__ in repr(block)
     with pytest.raises(TypeError, match="expected an energy"):
         MetropolisBlock(lambda x: x)
-    with pytest.raises(ValueError, match="steps >= 1"):
+    with pytest.raises(ValueError, match="steps to be an int >= 1"):
         LangevinBlock(u, steps=0)
     with pytest.raises(ValueError, match="positive finite step_size"):
         HMCBlock(u, step_size=-0.1)
-    with pytest.raises(ValueError, match="leapfrog_steps >= 1"):
+    with pytest.raises(ValueError, match="leapfrog_steps to be an int >= 1"):
         HMCBlock(u, leapfrog_steps=0)
     with pytest.raises(ValueError, match="lam in"):
         InterpolatedEnergy(u, u, 1.5)

@@ -183,7 +183,7 @@ def test_mixture_sampler_and_modes() -> None:
     torch.testing.assert_close(x.mean(0), target.locs.mean(0), atol=0.05, rtol=0)
     fab = GaussianMixture.fab40()
     assert fab.locs.shape == (40, 2) and fab.locs.abs().max() <= 40
-    assert abs(fab.scales[0, 0].item() - math.log1p(math.e)) < 1e-6
+    assert abs(fab.stds[0, 0].item() - math.log1p(math.e)) < 1e-6
 
 
 def test_funnel_and_banana_latents_are_standard_normal() -> None:
@@ -239,7 +239,7 @@ def test_bad_arguments_raise_clear_errors() -> None:
     with pytest.raises(ValueError, match="positive weights"):
         GaussianMixture(torch.zeros(2, 2), weights=torch.tensor([1.0, -1.0]))
     with pytest.raises(ValueError, match="broadcastable"):
-        GaussianMixture(torch.zeros(2, 2), scales=torch.ones(3))
+        GaussianMixture(torch.zeros(2, 2), stds=torch.ones(3))
     with pytest.raises(ValueError, match="even dim"):
         GaussianMixture.four_modes(5)
     with pytest.raises(ValueError, match="dim >= 2"):
@@ -345,5 +345,5 @@ def test_tempered_energy() -> None:
     torch.testing.assert_close(tempered.energy(x), target.energy(x))
     with pytest.raises(ValueError, match="positive finite temperature"):
         tempered.temperature = 0.0
-    with pytest.raises(TypeError, match="expected an EnergyTarget"):
+    with pytest.raises(TypeError, match=r"expected target to be an EnergyTarget or an object"):
         TemperedEnergy(lambda x: x)

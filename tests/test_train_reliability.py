@@ -314,8 +314,8 @@ def test_resume_refuses_another_objective_or_flow_matching_setting(tmp_path: Pat
         (["--objective", "ml", "--sigma", "0"], "--objective ml (the run has fm)"),
         (["--sigma", "0.2"], "--sigma 0.2 (the run has 0.1)"),
         (["--coupling", "ot"], "--coupling ot (the run has independent)"),
-        (["--target", "stable"], "--target stable (the run has conditional)"),
-        (["--target", "stable", "--reference-size", "64"], "--reference-size 64 (the run has 512)"),
+        (["--velocity", "stable"], "--velocity stable (the run has conditional)"),
+        (["--velocity", "stable", "--reference-size", "64"], "--reference-size 64 (the run has 512)"),
         (["--time-power", "2"], "--time-power 2.0 (the run has 1.0)"),
     ):
         assert main([*argv, *flags, "--resume"]) == 2, flags

@@ -14,7 +14,7 @@ from typing import Any
 import torch
 from torch import Tensor, nn
 
-from flows.architectures._arguments import check_builder
+from flows._validation import check_builder
 from flows.architectures.registry import register
 from flows.bijections.autoregressive import MaskedAutoregressive
 from flows.bijections.base import Bijection, Chain, Inverse

@@ -6,7 +6,7 @@ from collections.abc import Callable, Sequence
 
 from torch import Tensor, nn
 
-from flows.architectures._arguments import check_builder
+from flows._validation import check_builder
 from flows.architectures.registry import register
 from flows.bijections.base import Chain
 from flows.bijections.continuous import CNF, MAX_EVALUATIONS, total_nfe
@@ -46,8 +46,8 @@ class FFJORD(Flow):
         freqs: time frequencies of the fields (``[cos πkt, sin πkt]``, k = 1..freqs; 0: ``t``).
         trace: trace estimator in train mode (``"hutchinson"`` or ``"exact"``).
         eval_trace: trace estimator in eval mode (``None``: as ``trace``).
-        noise: Hutchinson noise, ``"rademacher"`` or ``"gaussian"``.
-        seed: seed of the Hutchinson noise of every solve (``None``: the global generator).
+        probe: the law of the Hutchinson probe vectors, ``"rademacher"`` or ``"gaussian"``.
+        seed: seed of the Hutchinson probes of every solve (``None``: the global generator).
         t1: integration length ``T`` of each block (it integrates over ``[0, t1]``; the name is
             :class:`~flows.CNF`'s).
         method: torchdiffeq solver.
@@ -78,7 +78,7 @@ class FFJORD(Flow):
         freqs: int = 1,
         trace: str = "hutchinson",
         eval_trace: str | None = "exact",
-        noise: str = "rademacher",
+        probe: str = "rademacher",
         seed: int | None = None,
         t1: float = 1.0,
         method: str = "dopri5",
@@ -100,7 +100,7 @@ class FFJORD(Flow):
                 freqs=freqs,
                 trace=trace,
                 eval_trace=eval_trace,
-                noise=noise,
+                probe=probe,
                 seed=seed,
                 t1=t1,
                 method=method,

@@ -12,7 +12,7 @@ from collections.abc import Callable, Sequence
 import torch
 from torch import Tensor, nn
 
-from flows.architectures._arguments import check_builder
+from flows._validation import check_builder
 from flows.architectures.registry import register
 from flows.bijections.base import Bijection, Chain
 from flows.bijections.coupling import AdditiveCoupling, AffineCoupling

@@ -23,8 +23,7 @@ from collections.abc import Callable, Sequence
 import torch
 from torch import Tensor, nn
 
-from flows._validation import as_sample_shape, check_number
-from flows.architectures._arguments import check_activation, check_choice, check_context, check_count, check_hidden
+from flows._validation import as_sample_shape, check_activation, check_choice, check_count, check_hidden, check_number
 from flows.architectures.registry import register
 from flows.bijections.base import Bijection, Chain
 from flows.bijections.circulant import CirculantDiagonal2d
@@ -50,7 +49,7 @@ COUPLINGS = ("affine", "additive")
 
 @register
 class Glow(Flow):
-    r"""Glow for ``(C, H, W)`` images: ``levels`` × (squeeze → ``steps`` × step → [EIW shuffle] → split).
+    r"""Glow for ``(C, H, W)`` images: ``scales`` × (squeeze → ``steps`` × step → [EIW shuffle] → split).
 
     One **step** is ActNorm → channel mixer → coupling:
 
@@ -80,9 +79,9 @@ class Glow(Flow):
     (image → flat latent of ``C·H·W`` entries); sampling runs ``f⁻¹``.
 
     Args:
-        shape: the image shape ``(C, H, W)``; ``H`` and ``W`` divisible by ``2**levels``.
+        shape: the image shape ``(C, H, W)``; ``H`` and ``W`` divisible by ``2**scales``.
         context: width of a vector context (e.g. one-hot classes) fed to every conditioner (0 = none).
-        levels: number of scales ``L``.
+        scales: number of scales ``L`` (levels of the multi-scale architecture).
         steps: flow steps ``K`` per level.
         hidden: channels of the hidden layers of each coupling network, one entry per hidden layer
             (the default ``(128, 128)`` is Glow's 3×3 → 1×1 → 3×3 network).
@@ -109,7 +108,7 @@ class Glow(Flow):
             :class:`~flows.flow.Flow`).
 
     Raises:
-        ValueError: for a shape that cannot be squeezed ``levels`` times, or an unknown option.
+        ValueError: for a shape that cannot be squeezed ``scales`` times, or an unknown option.
 
     References:
         Kingma, Dhariwal (2018), "Glow: Generative Flow with Invertible 1x1 Convolutions", NeurIPS,
@@ -119,7 +118,7 @@ class Glow(Flow):
 
     Example:
         >>> import torch
-        >>> flow = Glow((1, 8, 8), levels=2, steps=2, hidden=(16, 16))
+        >>> flow = Glow((1, 8, 8), scales=2, steps=2, hidden=(16, 16))
         >>> x = torch.rand(5, 1, 8, 8)
         >>> flow.log_prob(x).shape, flow.sample((3,)).shape
         (torch.Size([5]), torch.Size([3, 1, 8, 8]))
@@ -133,7 +132,7 @@ class Glow(Flow):
         shape: Sequence[int],
         context: int = 0,
         *,
-        levels: int = 2,
+        scales: int = 2,
         steps: int = 8,
         hidden: Sequence[int] = (128, 128),
         mixer: str = "1x1",
@@ -156,19 +155,19 @@ class Glow(Flow):
         shape = tuple(shape)
         if len(shape) != 3 or not all(isinstance(s, int) and s > 0 for s in shape):
             raise ValueError(f"Glow: expected an image shape (C, H, W) of positive ints, got {shape}")
-        check_context("Glow", context)
-        levels, steps = check_count("Glow", "levels", levels), check_count("Glow", "steps", steps)
+        check_count("Glow", "context", context, minimum=0)
+        scales, steps = check_count("Glow", "scales", scales), check_count("Glow", "steps", steps)
         hidden = check_hidden("Glow", hidden)
         check_activation("Glow", activation)
         _, height, width = shape
-        if height % 2**levels or width % 2**levels:
+        if height % 2**scales or width % 2**scales:
             raise ValueError(
-                f"Glow: expected height and width divisible by 2**levels = {2**levels}, got {height}×{width}"
+                f"Glow: expected height and width divisible by 2**scales = {2**scales}, got {height}×{width}"
             )
         check_choice("Glow", "mixer", mixer, MIXERS)
         check_choice("Glow", "split", split, SPLITS)
         check_choice("Glow", "coupling", coupling, COUPLINGS)
-        self.levels, self.steps, self.hidden = levels, steps, hidden
+        self.scales, self.steps, self.hidden = scales, steps, hidden
         self.mixer, self.split, self.coupling = mixer, split, coupling
         options = {
             "context": context,
@@ -241,7 +240,7 @@ class Glow(Flow):
         shared = self._coupling_net(c, options, extra_inputs=options["embedding"]) if options["share"] else None
         for _ in range(self.steps):
             layers += self._step(c, options, shared, (h, w))
-        if level == self.levels - 1:
+        if level == self.scales - 1:
             return Chain(*layers, ActNorm2d(c), Flatten((c, h, w)))
         keep = c // 2
         context = options["context"]
@@ -305,6 +304,6 @@ class Glow(Flow):
 
     def extra_repr(self) -> str:
         return (
-            f"levels={self.levels}, steps={self.steps}, hidden={self.hidden}, mixer={self.mixer!r}, "
+            f"scales={self.scales}, steps={self.steps}, hidden={self.hidden}, mixer={self.mixer!r}, "
             f"split={self.split!r}, coupling={self.coupling!r}"
         )

@@ -13,8 +13,7 @@ from collections.abc import Callable, Sequence
 import torch
 from torch import Tensor, nn
 
-from flows._validation import check_event, check_finite, check_like
-from flows.architectures._arguments import check_builder, check_nonnegative
+from flows._validation import check_builder, check_event, check_finite, check_like, check_nonnegative
 from flows.architectures.registry import register
 from flows.bijections.base import Chain
 from flows.bijections.injective import FreeFormInjective
@@ -65,7 +64,7 @@ class FreeFormInjectiveFlow(Flow):
         hidden: hidden widths of the default MLPs.
         activation: nonlinearity of the default MLPs.
         beta: weight :math:`\beta` of the reconstruction term (10 in the paper's toy and tabular runs).
-        noise: standard deviation :math:`\sigma` of the training noise (0.1 on toys, 0.01 on tabular).
+        noise_std: standard deviation :math:`\sigma` of the training noise (0.1 on toys, 0.01 on tabular).
         hutchinson_samples: number ``K ≤ d`` of orthogonal probes per sample.
         jvp: how the decoder JVP of the surrogate is computed (``"double_backward"`` or
             ``"forward"``; see :class:`~flows.bijections.injective.FreeFormInjective`).
@@ -96,14 +95,14 @@ class FreeFormInjectiveFlow(Flow):
         hidden: Sequence[int] = (256, 256),
         activation: Callable[[], nn.Module] = nn.SiLU,
         beta: float = 10.0,
-        noise: float = 0.01,
+        noise_std: float = 0.01,
         hutchinson_samples: int = 1,
         jvp: str = "double_backward",
         standardize: Tensor | Standardize | None = None,
     ) -> None:
         name = type(self).__name__
         check_builder(name, features, context, hidden=hidden, activation=activation)
-        beta, noise = check_nonnegative(name, "beta", beta), check_nonnegative(name, "noise", noise)
+        beta, noise_std = check_nonnegative(name, "beta", beta), check_nonnegative(name, "noise_std", noise_std)
         if isinstance(latent_features, int) and not (
             isinstance(hutchinson_samples, int) and 1 <= hutchinson_samples <= latent_features
         ):
@@ -135,7 +134,7 @@ class FreeFormInjectiveFlow(Flow):
                 )
             transform, base = Chain(injective, latent.transform), latent.base
         super().__init__(transform, base, context=context, standardize=standardize)
-        self.beta, self.noise, self.hutchinson_samples = beta, noise, hutchinson_samples
+        self.beta, self.noise_std, self.hutchinson_samples = beta, noise_std, hutchinson_samples
 
     @property
     def injective(self) -> FreeFormInjective:
@@ -173,7 +172,7 @@ class FreeFormInjectiveFlow(Flow):
         x: Tensor,
         context: Tensor | None = None,
         *,
-        noise: float | None = None,
+        noise_std: float | None = None,
         generator: torch.Generator | None = None,
     ) -> dict[str, Tensor]:
         r"""The FIF training loss and its parts, per sample (each of shape ``batch``).
@@ -181,7 +180,7 @@ class FreeFormInjectiveFlow(Flow):
         Args:
             x: data ``(*batch, D)``.
             context: context ``(*batch, context_features)`` or ``None``.
-            noise: override the configured training noise (e.g. 0 to evaluate the loss on clean data).
+            noise_std: override the configured training noise (e.g. 0 to evaluate the loss on clean data).
             generator: random generator for the noise and the probes.
 
         Returns:
@@ -192,7 +191,7 @@ class FreeFormInjectiveFlow(Flow):
         """
         self._check_input(x, context)
         x, ladj_pre = self._preprocess(x, context)
-        sigma = self.noise if noise is None else float(noise)
+        sigma = self.noise_std if noise_std is None else float(noise_std)
         if sigma > 0:
             x = x + sigma * torch.randn(x.shape, generator=generator, dtype=x.dtype, device=x.device)
         z, x_rec, surrogate = self.injective.surrogate(x, context, samples=self.hutchinson_samples, generator=generator)
@@ -212,11 +211,11 @@ class FreeFormInjectiveFlow(Flow):
         x: Tensor,
         context: Tensor | None = None,
         *,
-        noise: float | None = None,
+        noise_std: float | None = None,
         generator: torch.Generator | None = None,
     ) -> Tensor:
         """The per-sample FIF training loss (shape ``batch``); see :meth:`loss_terms`."""
-        return self.loss_terms(x, context, noise=noise, generator=generator)["loss"]
+        return self.loss_terms(x, context, noise_std=noise_std, generator=generator)["loss"]
 
     def encode(self, x: Tensor, context: Tensor | None = None) -> Tensor:
         """Manifold coordinates ``z = f(x)`` (``(*batch, d)``)."""
@@ -240,4 +239,4 @@ class FreeFormInjectiveFlow(Flow):
         return self._postprocess(self.injective.decode(z, latent_context), latent_context)
 
     def extra_repr(self) -> str:
-        return f"beta={self.beta:g}, noise={self.noise:g}, hutchinson_samples={self.hutchinson_samples}"
+        return f"beta={self.beta:g}, noise_std={self.noise_std:g}, hutchinson_samples={self.hutchinson_samples}"

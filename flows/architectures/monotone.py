@@ -15,7 +15,7 @@ from collections.abc import Callable, Sequence
 import torch
 from torch import Tensor, nn
 
-from flows.architectures._arguments import check_builder, check_count, check_hidden
+from flows._validation import check_builder, check_count, check_hidden
 from flows.architectures.autoregressive import _autoregressive_layers
 from flows.architectures.registry import register
 from flows.bijections.base import Bijection, Chain

@@ -15,8 +15,16 @@ from dataclasses import dataclass
 import torch
 from torch import Tensor
 
-from flows._validation import as_sample_shape, check_event, check_finite, check_like
-from flows.architectures._arguments import check_builder, check_context, check_count, check_hidden, check_nonnegative
+from flows._validation import (
+    as_sample_shape,
+    check_builder,
+    check_count,
+    check_event,
+    check_finite,
+    check_hidden,
+    check_like,
+    check_nonnegative,
+)
 from flows.architectures.registry import register
 from flows.bijections.base import Bijection, Chain, Inverse
 from flows.bijections.multiscale import Flatten
@@ -141,7 +149,7 @@ class TarFlow(Flow):
         if label_dropout > 1 or (label_dropout and not num_classes):
             raise ValueError(f"{who}: expected label_dropout in [0, 1] with num_classes > 0, got {label_dropout}")
         tokenizer = _tokenizer(who, features, patch, token_features)
-        context = check_context(who, context)
+        context = check_count(who, "context", context, minimum=0)
         transforms = check_count(who, "transforms", transforms)
         widths = check_hidden(who, hidden, minimum_layers=1)
         if len(set(widths)) != 1:

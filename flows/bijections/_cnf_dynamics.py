@@ -41,7 +41,7 @@ class Dynamics(nn.Module):
     The state is one tensor ``(N, D + 1 + R)``: the flattened event ``z``, the log-determinant
     ``ℓ`` and the ``R`` RNODE integrands (kinetic energy ``‖f‖²`` and/or ``‖J‖_F²``, integrated
     with a positive sign whatever the direction of time). It is built per solve and holds that
-    solve's context and Hutchinson noise, so nothing outlives the call.
+    solve's context and Hutchinson probes, so nothing outlives the call.
     """
 
     def __init__(
@@ -49,7 +49,7 @@ class Dynamics(nn.Module):
         field: nn.Module,
         event_shape: tuple[int, ...],
         context: Tensor | None,
-        noise: Tensor | None,
+        probe: Tensor | None,
         trace: bool,
         kinetic: bool,
         frobenius: bool,
@@ -59,7 +59,7 @@ class Dynamics(nn.Module):
         self.field = field
         self.event_shape = event_shape
         self.context = context
-        self.noise = noise
+        self.probe = probe
         self.trace, self.kinetic, self.frobenius, self.sign = trace, kinetic, frobenius, sign
         self.fused = callable(getattr(field, "jvp", None))
         self.divergence = callable(getattr(field, "divergence", None))
@@ -73,9 +73,9 @@ class Dynamics(nn.Module):
         return self.field(t, z) if self.context is None else self.field(t, z, self.context)
 
     def _tangents(self, z: Tensor) -> Tensor:
-        """``(K, M, *event)``: the Hutchinson noise (K = 1) or the basis vectors (K = D, M = 1)."""
-        if self.noise is not None:
-            return self.noise[None]
+        """``(K, M, *event)``: the Hutchinson probes (K = 1) or the basis vectors (K = D, M = 1)."""
+        if self.probe is not None:
+            return self.probe[None]
         basis = torch.eye(self.features, dtype=z.dtype, device=z.device)
         return basis.reshape(self.features, 1, *self.event_shape)
 
@@ -94,11 +94,11 @@ class Dynamics(nn.Module):
                 z = z.detach().requires_grad_(True)
             f = self._field(t, z)
             tangents = self._tangents(z)
-            k = 1 if self.noise is not None else self.features
+            k = 1 if self.probe is not None else self.features
             if not f.requires_grad:  # a field that depends on nothing with a gradient: J = 0
                 return f, z.new_zeros(k, *z.shape)
             # allow_unused: a field that does not depend on z (f(t, z) = c(t)) has J = 0, not an error
-            if self.noise is not None:
+            if self.probe is not None:
                 rows = torch.autograd.grad(f, z, tangents[0], create_graph=create_graph, allow_unused=True)[0]
                 rows = None if rows is None else rows[None]
             else:
@@ -123,7 +123,7 @@ class Dynamics(nn.Module):
         n = state.shape[0]
         z = state[:, : self.features].reshape(n, *self.event_shape)
         products = divergence = None
-        if self.trace and self.divergence and self.noise is None and not self.frobenius:
+        if self.trace and self.divergence and self.probe is None and not self.frobenius:
             f, divergence = (
                 self.field.divergence(t, z) if self.context is None else self.field.divergence(t, z, self.context)
             )
@@ -137,8 +137,8 @@ class Dynamics(nn.Module):
         if divergence is not None:
             columns.append(divergence.reshape(n, 1))
         elif self.trace:
-            if self.noise is not None:
-                columns.append((products[0] * self.noise.reshape(n, -1)).sum(-1, keepdim=True))
+            if self.probe is not None:
+                columns.append((products[0] * self.probe.reshape(n, -1)).sum(-1, keepdim=True))
             else:
                 columns.append(products.diagonal(dim1=0, dim2=2).sum(-1, keepdim=True))
         else:

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 from torch import Tensor
 
-from flows._validation import check_context_like
+from flows._validation import check_context_like, check_count
 from flows.bijections.base import Bijection
 
 __all__ = ["SharedBlocks"]
@@ -47,8 +47,7 @@ class SharedBlocks(Bijection):
             raise ValueError(
                 f"SharedBlocks: expected a transform of vector events (m,) -> (m,), got {shape_in} -> {shape_out}"
             )
-        if not isinstance(blocks, int) or blocks < 1:
-            raise ValueError(f"SharedBlocks: expected an int blocks >= 1, got {blocks!r}")
+        check_count("SharedBlocks", "blocks", blocks)
         self.block_size = shape_in[0]
         super().__init__(blocks * self.block_size)
         self.transform, self.blocks = transform, blocks

@@ -8,7 +8,7 @@ from collections.abc import Callable, Sequence
 import torch
 from torch import Tensor, nn
 
-from flows._validation import check_context, check_event, check_integer, check_number, format_shape
+from flows._validation import check_context, check_count, check_event, check_number, format_shape
 from flows.bijections._cnf_dynamics import (
     ADAPTIVE_ORDER,
     MAX_EVALUATIONS,
@@ -26,7 +26,7 @@ from flows.nn import TimeMLP
 __all__ = ["CNF", "MAX_EVALUATIONS", "SOLVERS", "TRACES", "total_nfe"]
 
 TRACES = ("exact", "hutchinson")
-NOISES = ("rademacher", "gaussian")
+PROBES = ("rademacher", "gaussian")
 SOLVERS = (
     *("dopri5", "dopri8", "bosh3", "fehlberg2", "adaptive_heun"),  # adaptive: rtol, atol
     *("euler", "midpoint", "heun2", "heun3", "rk4", "explicit_adams", "implicit_adams", "fixed_adams"),  # step_size
@@ -94,8 +94,8 @@ class CNF(Bijection):
         trace: ``"exact"`` or ``"hutchinson"``.
         eval_trace: the trace used in eval mode (``None``: the same as ``trace``), e.g. train with
             ``"hutchinson"`` and evaluate exact log-likelihoods.
-        noise: Hutchinson noise, ``"rademacher"`` (lower variance) or ``"gaussian"``.
-        seed: if given, every solve draws its Hutchinson noise from a generator seeded with it,
+        probe: the law of the Hutchinson probe vectors, ``"rademacher"`` (lower variance) or ``"gaussian"``.
+        seed: if given, every solve draws its Hutchinson probes from a generator seeded with it,
             so the estimate is a deterministic function of the input (otherwise: the global RNG).
         t0: start time (the data side).
         t1: end time (the latent side).
@@ -153,7 +153,7 @@ class CNF(Bijection):
         freqs: int = 1,
         trace: str = "exact",
         eval_trace: str | None = None,
-        noise: str = "rademacher",
+        probe: str = "rademacher",
         seed: int | None = None,
         t0: float = 0.0,
         t1: float = 1.0,
@@ -168,17 +168,16 @@ class CNF(Bijection):
         max_evaluations: int = MAX_EVALUATIONS,
     ) -> None:
         super().__init__(features)
-        if isinstance(context, bool) or not isinstance(context, int) or context < 0:
-            raise ValueError(f"CNF: expected context to be an int >= 0, got {context!r}")
+        check_count("CNF", "context", context, minimum=0)
         for name, value in (("trace", trace), ("eval_trace", eval_trace)):
             if value is not None and not (isinstance(value, str) and value in TRACES):
                 raise ValueError(f"CNF: expected {name} in {TRACES}, got {value!r}")
-        if not (isinstance(noise, str) and noise in NOISES):
-            raise ValueError(f"CNF: expected noise in {NOISES}, got {noise!r}")
+        if not (isinstance(probe, str) and probe in PROBES):
+            raise ValueError(f"CNF: expected probe in {PROBES}, got {probe!r}")
         if not (isinstance(method, str) and method in SOLVERS):
             raise ValueError(f"CNF: expected method in {SOLVERS}, got {method!r}")
         if seed is not None:
-            seed = check_integer("CNF", "seed", seed)
+            seed = check_count("CNF", "seed", seed, minimum=None)
         rtol = check_number("CNF", "rtol", rtol, minimum=0, strict=True, maximum=1)
         atol = check_number("CNF", "atol", atol, minimum=0, strict=True)
         t0, t1 = check_number("CNF", "t0", t0), check_number("CNF", "t1", t1)
@@ -192,7 +191,7 @@ class CNF(Bijection):
             if value is not None and not isinstance(value, dict):
                 raise TypeError(f"CNF: expected {name} to be a dict or None, got {type(value).__name__} {value!r}")
         options = solver_options(method, options, t0, t1)
-        max_evaluations = check_integer("CNF", "max_evaluations", max_evaluations, minimum=1)
+        max_evaluations = check_count("CNF", "max_evaluations", max_evaluations)
         if field is None:
             if len(self.event_shape) != 1:
                 raise ValueError(
@@ -206,7 +205,7 @@ class CNF(Bijection):
             raise ValueError(f"CNF: expected a fixed event shape, got {format_shape(self.event_shape)}")
         self.field = field
         self.context_features = context
-        self.trace, self.eval_trace, self.noise, self.seed = trace, eval_trace, noise, seed
+        self.trace, self.eval_trace, self.probe, self.seed = trace, eval_trace, probe, seed
         self.t0, self.t1 = t0, t1
         self.method, self.rtol, self.atol = method, rtol, atol
         self.options = options
@@ -218,11 +217,11 @@ class CNF(Bijection):
         self.nfe_backward = 0
 
     # -- solving ------------------------------------------------------------------------------
-    def _noise(self, shape: torch.Size, like: Tensor) -> Tensor:
+    def _probe(self, shape: torch.Size, like: Tensor) -> Tensor:
         generator = None
         if self.seed is not None:
             generator = torch.Generator(device=like.device).manual_seed(self.seed)
-        if self.noise == "gaussian":
+        if self.probe == "gaussian":
             return torch.randn(shape, generator=generator, dtype=like.dtype, device=like.device)
         bits = torch.randint(0, 2, shape, generator=generator, device=like.device)
         return bits.to(like.dtype).mul_(2).sub_(1)
@@ -241,12 +240,12 @@ class CNF(Bijection):
         trace = self.trace if self.training or self.eval_trace is None else self.eval_trace
         regularise = collecting_auxiliary_losses()
         kinetic, frobenius = regularise and self.kinetic > 0, regularise and self.jacobian > 0
-        noise = None
+        probe = None
         if (log_det or frobenius) and trace == "hutchinson":
-            noise = self._noise(torch.Size((n, *event)), x)
+            probe = self._probe(torch.Size((n, *event)), x)
         # RNODE integrands get the sign that makes their integrals positive in either direction.
         sign = math.copysign(1.0, self.t1 - self.t0) * (-1.0 if reverse else 1.0)
-        dynamics = Dynamics(self.field, event, context, noise, log_det, kinetic, frobenius, sign)
+        dynamics = Dynamics(self.field, event, context, probe, log_det, kinetic, frobenius, sign)
         if x.dtype != torch.float32:
             check_interval(self.t0, self.t1, x.dtype)
         dynamics.limit, dynamics.interval = self.max_evaluations, f"[{self.t0:g}, {self.t1:g}]"

@@ -12,6 +12,7 @@ import math
 import torch
 from torch import Tensor, nn
 
+from flows._validation import check_count
 from flows.bijections.linear import LULinear
 
 __all__ = ["Invertible1x1Conv"]
@@ -58,8 +59,7 @@ class Invertible1x1Conv(LULinear):
     _spatial = 2  # one matrix, shared over the height and width axes
 
     def __init__(self, channels: int, *, lu: bool = False, generator: torch.Generator | None = None) -> None:
-        if not isinstance(channels, int) or isinstance(channels, bool) or channels < 1:
-            raise ValueError(f"Invertible1x1Conv: expected a positive int number of channels, got {channels!r}")
+        check_count("Invertible1x1Conv", "channels", channels)
         super().__init__((channels, None, None), init="orthogonal", bias=False, generator=generator)
         self.lu = bool(lu)
         if not self.lu:

@@ -31,6 +31,7 @@ from collections.abc import Sequence
 import torch
 from torch import Tensor, nn
 
+from flows._validation import check_count
 from flows.bijections.auxiliary import add_auxiliary_loss, collecting_auxiliary_losses
 from flows.bijections.base import Chain
 from flows.bijections.coupling import Coupling, half_mask
@@ -133,8 +134,7 @@ class EntropyPermutation(Permutation):
         margin: float = 0.1,
         update_steps: int | None = None,
     ) -> None:
-        if not isinstance(channels, int) or channels < 1:
-            raise ValueError(f"EntropyPermutation: expected a positive int number of channels, got {channels!r}")
+        check_count("EntropyPermutation", "channels", channels)
         split = _split_size(channels, split, "EntropyPermutation")
         if not 0.0 < momentum <= 1.0:
             raise ValueError(f"EntropyPermutation: expected 0 < momentum <= 1, got {momentum}")
@@ -261,8 +261,7 @@ class EIWShuffle(Chain):
         margin: float = 0.1,
         update_steps: int | None = None,
     ) -> None:
-        if not isinstance(channels, int) or channels < 2:
-            raise ValueError(f"EIWShuffle: expected an int number of channels >= 2, got {channels!r}")
+        check_count("EIWShuffle", "channels", channels, minimum=2)
         split = _split_size(channels, split, "EIWShuffle")
         if regularization < 0:
             raise ValueError(f"EIWShuffle: expected regularization >= 0, got {regularization}")

@@ -40,7 +40,7 @@ from torch import Tensor, nn
 from torch.autograd import forward_ad
 from torch.func import jvp, vmap
 
-from flows._validation import check_context, check_event
+from flows._validation import check_context, check_count, check_event
 from flows.bijections.base import Bijection
 from flows.nn import MLP
 
@@ -263,8 +263,7 @@ class FreeFormInjective(Bijection):
         _check_dims("FreeFormInjective", features, latent_features)
         if jvp not in ("double_backward", "forward"):
             raise ValueError(f"FreeFormInjective: expected jvp 'double_backward' or 'forward', got {jvp!r}")
-        if not isinstance(context, int) or context < 0:
-            raise ValueError(f"FreeFormInjective: expected context to be an int >= 0, got {context!r}")
+        check_count("FreeFormInjective", "context", context, minimum=0)
         super().__init__(features, latent_features)
         self.features, self.latent_features, self.context_features, self.jvp = features, latent_features, context, jvp
         mlp = {"hidden": hidden, "context": context, "activation": activation, "zero_init": False}

@@ -95,29 +95,29 @@ class DeepSigmoidTransformer(MonotoneTransformer):
         arXiv:1804.00779.
 
     Args:
-        hidden: number of sigmoids ``H`` per layer.
+        sigmoids: number of sigmoids ``H`` per layer.
         layers: number of stacked sigmoidal maps.
         atol, max_iter: of the numerical inverse (see :class:`MonotoneTransformer`).
 
     Example:
         >>> import torch
-        >>> tau = DeepSigmoidTransformer(hidden=4)
+        >>> tau = DeepSigmoidTransformer(sigmoids=4)
         >>> x, params = torch.randn(5, dtype=torch.float64), torch.randn(5, 12, dtype=torch.float64)
         >>> z, ladj = tau.forward_and_log_det(x, params)
         >>> torch.allclose(tau.inverse_and_log_det(z, params)[0], x)
         True
     """
 
-    def __init__(self, hidden: int = 8, *, layers: int = 1, atol: float | None = None, max_iter: int = 100) -> None:
+    def __init__(self, sigmoids: int = 8, *, layers: int = 1, atol: float | None = None, max_iter: int = 100) -> None:
         super().__init__(atol=atol, max_iter=max_iter)
-        for label, value in (("hidden", hidden), ("layers", layers)):
+        for label, value in (("sigmoids", sigmoids), ("layers", layers)):
             if isinstance(value, bool) or not isinstance(value, int) or value < 1:
                 raise ValueError(f"DeepSigmoidTransformer: expected {label} to be an int >= 1, got {value!r}")
-        self.hidden, self.layers = hidden, layers
-        self.params_per_dim = 3 * hidden * layers
+        self.sigmoids, self.layers = sigmoids, layers
+        self.params_per_dim = 3 * sigmoids * layers
 
     def _layer(self, x: Tensor, raw: Tensor) -> tuple[Tensor, Tensor]:
-        a_raw, b, w_raw = raw.unflatten(-1, (3, self.hidden)).unbind(-2)
+        a_raw, b, w_raw = raw.unflatten(-1, (3, self.sigmoids)).unbind(-2)
         log_a = torch.log(F.softplus(a_raw + _SOFTPLUS_ONE))
         log_w = torch.log_softmax(w_raw, -1)
         u = log_a.exp() * x.unsqueeze(-1) + b
@@ -136,7 +136,7 @@ class DeepSigmoidTransformer(MonotoneTransformer):
         return x, ladj
 
     def extra_repr(self) -> str:
-        return f"hidden={self.hidden}, layers={self.layers}"
+        return f"sigmoids={self.sigmoids}, layers={self.layers}"
 
 
 def clenshaw_curtis(nodes: int, dtype: torch.dtype = torch.float64) -> tuple[Tensor, Tensor]:

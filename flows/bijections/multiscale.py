@@ -22,7 +22,7 @@ from collections.abc import Sequence
 import torch
 from torch import Tensor
 
-from flows._validation import format_shape, shapes_match
+from flows._validation import check_count, format_shape, shapes_match
 from flows.bijections.base import Bijection
 
 __all__ = ["Flatten", "Split", "Squeeze"]
@@ -64,10 +64,8 @@ class Squeeze(Bijection):
     """
 
     def __init__(self, channels: int, *, factor: int = 2) -> None:
-        if not isinstance(channels, int) or channels < 1:
-            raise ValueError(f"Squeeze: expected a positive int number of channels, got {channels!r}")
-        if not isinstance(factor, int) or factor < 1:
-            raise ValueError(f"Squeeze: expected a positive int factor, got {factor!r}")
+        check_count("Squeeze", "channels", channels)
+        check_count("Squeeze", "factor", factor)
         super().__init__((channels, None, None), (channels * factor * factor, None, None))
         self.factor = factor
 

@@ -11,6 +11,7 @@ from collections.abc import Sequence
 
 from torch import Tensor
 
+from flows._validation import check_count
 from flows.bijections.base import Bijection
 
 __all__ = ["Patchify"]
@@ -45,8 +46,7 @@ class Patchify(Bijection):
         shape = tuple(event_shape)
         if len(shape) != 3 or not all(isinstance(s, int) and not isinstance(s, bool) and s > 0 for s in shape):
             raise ValueError(f"Patchify: expected a concrete image shape (C, H, W) of positive ints, got {shape}")
-        if not isinstance(patch, int) or isinstance(patch, bool) or patch < 1:
-            raise ValueError(f"Patchify: expected patch to be an int >= 1, got {patch!r}")
+        check_count("Patchify", "patch", patch)
         c, h, w = shape
         if h % patch or w % patch:
             raise ValueError(f"Patchify: expected a patch that divides H and W, got patch {patch} for {h}x{w} images")

@@ -15,7 +15,7 @@ import torch
 import torch.nn.functional as F
 from torch import Tensor
 
-from flows._validation import check_number
+from flows._validation import check_count, check_number
 from flows.bijections._spline_autograd import BinEnds, SplineForward, forward_map, log_derivative
 from flows.bijections.transformers import Transformer
 
@@ -99,8 +99,7 @@ class RationalQuadraticSpline(Transformer):
     ) -> None:
         super().__init__()
         name = type(self).__name__
-        if isinstance(bins, bool) or not isinstance(bins, int) or bins < 1:
-            raise ValueError(f"{name}: expected bins to be an int >= 1, got {bins!r}")
+        check_count(name, "bins", bins)
         # a finite bound whose 2B and knot arithmetic stay finite in float32 (bound=inf gave NaN out)
         bound = check_number(name, "bound", bound, minimum=0, strict=True, maximum=MAX_BOUND)
         for label, value in (("min_bin_width", min_bin_width), ("min_bin_height", min_bin_height)):

@@ -45,6 +45,7 @@ from torch import Tensor
 
 from flows._energy import Energy
 from flows._kernels import _event_sum, hmc_proposal, metropolis_accept
+from flows._validation import check_count
 from flows.bijections.base import Bijection
 
 __all__ = ["HMCBlock", "LangevinBlock", "MetropolisBlock", "StochasticBlock"]
@@ -72,8 +73,7 @@ class StochasticBlock(Bijection):
                 f"{name}: expected an energy (an EnergyTarget, or any object with event_shape, energy and "
                 f"energy_and_grad), got {type(energy).__name__}"
             )
-        if not isinstance(steps, int) or steps < 1:
-            raise ValueError(f"{name}: expected an int steps >= 1, got {steps!r}")
+        check_count(name, "steps", steps)
         if not step_size > 0 or not math.isfinite(step_size):
             raise ValueError(f"{name}: expected a positive finite step_size, got {step_size!r}")
         super().__init__(tuple(energy.event_shape))
@@ -276,8 +276,7 @@ class HMCBlock(StochasticBlock):
 
     def __init__(self, energy: Energy, *, steps: int = 1, step_size: float = 0.1, leapfrog_steps: int = 10) -> None:
         super().__init__(energy, steps=steps, step_size=step_size)
-        if not isinstance(leapfrog_steps, int) or leapfrog_steps < 1:
-            raise ValueError(f"HMCBlock: expected an int leapfrog_steps >= 1, got {leapfrog_steps!r}")
+        check_count("HMCBlock", "leapfrog_steps", leapfrog_steps)
         self.leapfrog_steps = leapfrog_steps
 
     def _move(self, x: Tensor) -> tuple[Tensor, Tensor]:

@@ -51,6 +51,7 @@ import torch
 import torch.nn.functional as F
 from torch import Tensor
 
+from flows._validation import check_count
 from flows.bijections.base import Bijection
 from flows.nn.transformer import CausalTransformer
 
@@ -143,10 +144,8 @@ class TransformerAutoregressive(Bijection):
     ) -> None:
         who = "TransformerAutoregressive"
         for name, value in (("tokens", tokens), ("features", features)):
-            if not isinstance(value, int) or isinstance(value, bool) or value < 1:
-                raise ValueError(f"{who}: expected {name} to be an int >= 1, got {value!r}")
-        if not isinstance(context, int) or isinstance(context, bool) or context < 0:
-            raise ValueError(f"{who}: expected context to be an int >= 0, got {context!r}")
+            check_count(who, name, value)
+        check_count(who, "context", context, minimum=0)
         for name, value, choices in (
             ("scale", scale, SCALES),
             ("first_token", first_token, ("identity", "transform")),

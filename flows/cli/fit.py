@@ -252,12 +252,12 @@ def _objective(args: argparse.Namespace, model: torch.nn.Module, data) -> object
         ) from None
     if data.levels is not None:
         raise ValueError(f"--objective fm: expected continuous data, got integer data with {data.levels} levels")
-    stable = args.target == "stable"
+    stable = args.velocity == "stable"
     return FlowMatching(
         sigma=args.sigma,
         coupling=args.coupling,
         time_power=args.time_power,
-        target=args.target,
+        velocity=args.velocity,
         reference=data.train if stable else None,
         reference_size=args.reference_size if stable else None,
     )

@@ -233,7 +233,7 @@ FIT_FLAGS: tuple[FitFlag, ...] = (
         objective="fm",
     ),
     FitFlag(
-        "target",
+        "velocity",
         "training",
         "refuse",
         {
@@ -252,10 +252,10 @@ FIT_FLAGS: tuple[FitFlag, ...] = (
         {
             "type": _integer(1, what="a reference size"),
             "default": 512,
-            "help": "flow matching, --target stable: training rows drawn each step as the reference (default: 512)",
+            "help": "flow matching, --velocity stable: training rows drawn each step as the reference (default: 512)",
         },
         objective="fm",
-        requires=("target", "stable"),
+        requires=("velocity", "stable"),
     ),
     FitFlag(
         "time_power",

@@ -21,7 +21,7 @@ import torch
 from torch import Tensor, nn
 
 from flows._lazy import compiler_disable
-from flows._validation import check_event
+from flows._validation import check_event, check_hidden
 from flows.bijections import AffineCoupling, Chain, Invertible1x1Conv, Logit, Squeeze, half_mask
 from flows.distributions import StandardNormal
 from flows.nn import ConvNet
@@ -85,7 +85,7 @@ class VariationalDequantizer(nn.Module):
         shape: the image shape ``(C, H, W)`` (``H`` and ``W`` even).
         levels: number of discrete levels ``K``.
         steps: number of affine couplings of the noise flow.
-        hidden: hidden channels of the coupling networks.
+        hidden: hidden channels of the coupling networks, one entry per hidden layer.
 
     References:
         Ho, Chen, Srinivas, Duan, Abbeel (2019), "Flow++: Improving Flow-Based Generative Models
@@ -93,7 +93,7 @@ class VariationalDequantizer(nn.Module):
 
     Example:
         >>> import torch
-        >>> deq = VariationalDequantizer((1, 4, 4), levels=17, steps=2, hidden=8)
+        >>> deq = VariationalDequantizer((1, 4, 4), levels=17, steps=2, hidden=(8, 8))
         >>> v = torch.randint(0, 17, (3, 1, 4, 4))
         >>> x, log_q = deq(v)
         >>> bool(((x * 17 - v > 0) & (x * 17 - v < 1)).all()), log_q.shape
@@ -102,8 +102,9 @@ class VariationalDequantizer(nn.Module):
         True
     """
 
-    def __init__(self, shape: Sequence[int], levels: int, *, steps: int = 4, hidden: int = 32) -> None:
+    def __init__(self, shape: Sequence[int], levels: int, *, steps: int = 4, hidden: Sequence[int] = (32, 32)) -> None:
         super().__init__()
+        hidden = check_hidden("VariationalDequantizer", hidden, minimum_layers=1)
         shape = tuple(shape)
         if len(shape) != 3 or not all(isinstance(s, int) and s > 0 for s in shape) or shape[1] % 2 or shape[2] % 2:
             raise ValueError(
@@ -120,7 +121,7 @@ class VariationalDequantizer(nn.Module):
         for i in range(steps):
             mask = half_mask(channels, keep_first=i % 2 == 0)
             n_kept = int(mask.sum())
-            net = ConvNet(n_kept, 2 * (channels - n_kept), (hidden, hidden), context=channels)
+            net = ConvNet(n_kept, 2 * (channels - n_kept), tuple(hidden), context=channels)
             layers += [AffineCoupling((channels, None, None), channels, mask=mask, conditioner=net)]
             if i < steps - 1:
                 layers.append(Invertible1x1Conv(channels))

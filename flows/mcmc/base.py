@@ -11,7 +11,7 @@ from torch import Tensor, nn
 
 from flows._validation import format_shape, shapes_match
 from flows.flow import Flow, evaluating
-from flows.targets.base import EnergyTarget
+from flows.targets.base import EnergyTarget, as_target
 
 __all__ = ["FlowWatch", "Kernel", "State", "StepInfo"]
 
@@ -148,9 +148,7 @@ class Kernel(nn.Module):
 
     def __init__(self, target: EnergyTarget) -> None:
         super().__init__()
-        if not isinstance(target, EnergyTarget):
-            raise TypeError(f"{type(self).__name__}: expected an EnergyTarget as target, got {type(target).__name__}")
-        self.target = target
+        self.target = as_target(target, type(self).__name__)
 
     @property
     def event_shape(self) -> torch.Size:

@@ -6,7 +6,7 @@ from collections.abc import Sequence
 
 from torch import Tensor
 
-from flows.targets.base import EnergyTarget
+from flows.targets.base import EnergyTarget, as_target
 
 __all__ = ["CountingTarget"]
 
@@ -32,8 +32,7 @@ class CountingTarget(EnergyTarget):
     """
 
     def __init__(self, target: EnergyTarget) -> None:
-        if not isinstance(target, EnergyTarget):
-            raise TypeError(f"CountingTarget: expected an EnergyTarget, got {type(target).__name__}")
+        target = as_target(target, "CountingTarget")
         super().__init__(tuple(target.event_shape))
         self.target = target
         self.energy_evals = 0

@@ -20,7 +20,7 @@ from flows._validation import check_like
 from flows.flow import Flow
 from flows.mcmc.base import FlowWatch, Kernel, State, StepInfo, check_flow_matches
 from flows.mcmc.local import MALA
-from flows.targets.base import EnergyTarget
+from flows.targets.base import EnergyTarget, as_target
 
 __all__ = ["NeuTra", "PullbackTarget"]
 
@@ -57,8 +57,7 @@ class PullbackTarget(EnergyTarget):
     """
 
     def __init__(self, target: EnergyTarget, flow: Flow) -> None:
-        if not isinstance(target, EnergyTarget):
-            raise TypeError(f"PullbackTarget: expected an EnergyTarget as target, got {type(target).__name__}")
+        target = as_target(target, "PullbackTarget")
         check_flow_matches(flow, target.event_shape, "PullbackTarget")
         super().__init__(tuple(target.event_shape))
         self.target = target
@@ -159,7 +158,7 @@ class NeuTra(Kernel):
 
     def init(self, x: Tensor) -> State:
         self.check_positions(x)
-        check_like(x, self.flow._anchor, "NeuTra", "positions")
+        check_like(x, self.flow, "NeuTra", "positions")
         state = super().init(x)
         return State(state.x, state.log_prob, None, {self._cache_key(): (self.latent.watch.version(), self._pull(x))})
 

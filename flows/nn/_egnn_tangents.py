@@ -83,7 +83,7 @@ def silu_jvp(a: Tensor, va: Tensor) -> tuple[Tensor, Tensor]:
 def exact_divergence(field: EGNN, t: Tensor, z: Tensor) -> tuple[Tensor, Tensor]:
     """The field and its exact divergence for one chunk of the batch (see :meth:`EGNN.divergence`)."""
     shape = z.shape[:-1]
-    n, d, hid, batch = field.n_particles, field.spatial_dim, field.hidden, z.shape[0]
+    n, d, hid, batch = field.n_particles, field.spatial_dim, field.width, z.shape[0]
     x0 = z.unflatten(-1, (n, d))
     h = field._embed(t, shape, batch)
     offdiag = field._offdiag.to(z.dtype)
@@ -204,7 +204,7 @@ def _penultimate(
     tangents, the node tangents' whole share of the trace, and the last layer's primal (its pair
     differences, squared distances and pre-activations), which the caller reuses.
     """
-    n, hid = field.n_particles, field.hidden
+    n, hid = field.n_particles, field.width
     x, h, d2_0, diff0 = primal
     vx, vh = tangents
     diff, scale, a1, a2, m, c1, c = layer

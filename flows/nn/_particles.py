@@ -9,13 +9,14 @@ from __future__ import annotations
 
 from torch import Tensor
 
+from flows._validation import check_count
+
 __all__ = ["remove_mean"]
 
 
 def _check_sizes(n_particles: int, spatial_dim: int, who: str) -> None:
     for name, value, low in (("n_particles", n_particles, 2), ("spatial_dim", spatial_dim, 1)):
-        if not isinstance(value, int) or isinstance(value, bool) or value < low:
-            raise ValueError(f"{who}: expected {name} to be an int >= {low}, got {value!r}")
+        check_count(who, name, value, minimum=low)
 
 
 def remove_mean(x: Tensor, n_particles: int, spatial_dim: int) -> Tensor:

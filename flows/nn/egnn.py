@@ -8,6 +8,7 @@ import math
 import torch
 from torch import Tensor, nn
 
+from flows._validation import check_count
 from flows.nn._egnn_tangents import exact_divergence, linear_jvp, silu_jvp
 from flows.nn._particles import _check_sizes, remove_mean
 
@@ -69,12 +70,12 @@ class EGNN(nn.Module):
     Args:
         n_particles: number of particles ``n``.
         spatial_dim: spatial dimension ``d``.
-        hidden: width of node features and messages.
+        width: width of node features and messages.
         layers: number of message-passing layers.
 
     Example:
         >>> import torch
-        >>> field = EGNN(4, 2, hidden=8, layers=2)
+        >>> field = EGNN(4, 2, width=8, layers=2)
         >>> z = torch.randn(5, 8)
         >>> f = field(torch.tensor(0.3), z)
         >>> f.shape, bool(f.unflatten(-1, (4, 2)).sum(-2).abs().max() < 1e-5)
@@ -96,13 +97,12 @@ class EGNN(nn.Module):
     """:meth:`divergence` contracts the last node update with the last layer (``flows/nn/_egnn_tangents.py``) from
     this many coordinates ``n·d`` on; below, its handful of extra operations cost more than they save."""
 
-    def __init__(self, n_particles: int, spatial_dim: int, *, hidden: int = 32, layers: int = 3) -> None:
+    def __init__(self, n_particles: int, spatial_dim: int, *, width: int = 32, layers: int = 3) -> None:
         super().__init__()
         _check_sizes(n_particles, spatial_dim, "EGNN")
-        for name, value in (("hidden", hidden), ("layers", layers)):
-            if not isinstance(value, int) or isinstance(value, bool) or value < 1:
-                raise ValueError(f"EGNN: expected {name} to be a positive int, got {value!r}")
-        self.n_particles, self.spatial_dim, self.hidden, self.layers = n_particles, spatial_dim, hidden, layers
+        for name, value in (("width", width), ("layers", layers)):
+            check_count("EGNN", name, value)
+        self.n_particles, self.spatial_dim, self.width, self.layers = n_particles, spatial_dim, width, layers
         n = n_particles
         rows = torch.arange(n).repeat_interleave(n - 1)  # pairs grouped by i: (0,1), (0,2), ..., (1,0), ...
         cols = torch.tensor([j for i in range(n) for j in range(n) if j != i])
@@ -110,11 +110,11 @@ class EGNN(nn.Module):
         self.register_buffer("_cols", cols, persistent=False)
         self.register_buffer("_offdiag", (1 - torch.eye(n))[:, :, None], persistent=False)
         act = nn.SiLU
-        self.embed = _mlp([3, hidden, hidden], act, last_activation=False)
-        self.edge = nn.ModuleList(_mlp([2 * hidden + 2, hidden, hidden], act, True) for _ in range(layers))
+        self.embed = _mlp([3, width, width], act, last_activation=False)
+        self.edge = nn.ModuleList(_mlp([2 * width + 2, width, width], act, True) for _ in range(layers))
         # the last layer's node update would not reach the output: there are layers - 1 of them
-        self.node = nn.ModuleList(_mlp([2 * hidden, hidden, hidden], act, False) for _ in range(layers - 1))
-        self.coord = nn.ModuleList(_mlp([hidden, hidden, 1], act, False) for _ in range(layers))
+        self.node = nn.ModuleList(_mlp([2 * width, width, width], act, False) for _ in range(layers - 1))
+        self.coord = nn.ModuleList(_mlp([width, width, 1], act, False) for _ in range(layers))
         for c in self.coord:
             nn.init.xavier_uniform_(c[-1].weight, gain=0.001)
             nn.init.zeros_(c[-1].bias)
@@ -130,19 +130,19 @@ class EGNN(nn.Module):
         return t, shape
 
     def _embed(self, t: Tensor, shape: torch.Size, batch: int) -> Tensor:
-        """Node features of layer 0, ``(N, 1, hidden)``: the time embedding, the same for every particle."""
+        """Node features of layer 0, ``(N, 1, width)``: the time embedding, the same for every particle."""
         t = t.expand(shape).reshape(batch)[:, None]
         return self.embed(torch.cat((t, torch.cos(math.pi * t), torch.sin(math.pi * t)), -1))[:, None, :]
 
     def _edge_input(self, index: int, h: Tensor, d2: Tensor, d2_0: Tensor) -> Tensor:
-        r"""Pre-activation of the first edge layer on all ordered pairs, ``(N, n, n, hidden)``.
+        r"""Pre-activation of the first edge layer on all ordered pairs, ``(N, n, n, width)``.
 
         :math:`W [h_i, h_j, d^2_{ij}, d^{2,0}_{ij}] + b` split into its node parts
         :math:`W_a h_i + W_b h_j` (computed once per node, broadcast over pairs) and its two
         distance columns: the same function as the concatenated layer, with the node-level
         products ``n - 1`` times cheaper.
         """
-        first, hid = self.edge[index][0], self.hidden
+        first, hid = self.edge[index][0], self.width
         w = first.weight
         hi = torch.nn.functional.linear(h, w[:, :hid], first.bias)
         hj = h @ w[:, hid : 2 * hid].T
@@ -168,7 +168,7 @@ class EGNN(nn.Module):
             shift = diff * (coord(m) * (d2 + 1).rsqrt())
             x = x + shift.sum(2) / (n - 1)
             if index < len(self.node):
-                h = h + self.node[index](torch.cat((h.expand(batch, n, self.hidden), (m * offdiag).sum(2)), -1))
+                h = h + self.node[index](torch.cat((h.expand(batch, n, self.width), (m * offdiag).sum(2)), -1))
         return remove_mean((x - x0).flatten(-2), n, self.spatial_dim).reshape(*shape, features)
 
     def divergence(self, t: Tensor, z: Tensor) -> tuple[Tensor, Tensor]:
@@ -204,7 +204,7 @@ class EGNN(nn.Module):
         t, shape = self._check(t, z, "divergence")
         if z.dim() != 2:
             raise ValueError(f"EGNN.divergence: expected z of shape (N, n·d), got {tuple(z.shape)}")
-        chunk = max(1, self.divergence_chunk // (self.n_particles**3 * self.spatial_dim * self.hidden))
+        chunk = max(1, self.divergence_chunk // (self.n_particles**3 * self.spatial_dim * self.width))
         if self.compile_divergence:
             return self._compiled_divergence(t, z, min(chunk, z.shape[0]))
         if z.shape[0] > chunk:  # the dense tangents are n·d times the activations: keep them in cache
@@ -265,7 +265,7 @@ class EGNN(nn.Module):
         v0 = tangents.expand(k, batch, features).unflatten(-1, (n, d))
         tt = t.expand(batch)[:, None]
         h = self.embed(torch.cat((tt, torch.cos(math.pi * tt), torch.sin(math.pi * tt)), -1))
-        h = h[:, None, :].expand(batch, n, self.hidden)
+        h = h[:, None, :].expand(batch, n, self.width)
         vh: Tensor | None = None  # tangent of h: none until the first node update
         rows, cols = self._rows, self._cols
         diff0 = x0[:, rows] - x0[:, cols]
@@ -284,7 +284,7 @@ class EGNN(nn.Module):
             w = first.weight
             va = vd2 * w[:, -2] + vd2_0 * w[:, -1]
             if vh is not None:  # multiply at the n nodes, then gather to the n(n-1) pairs
-                hid = self.hidden
+                hid = self.width
                 va = va + (vh @ w[:, :hid].T)[:, :, rows] + (vh @ w[:, hid : 2 * hid].T)[:, :, cols]
             m, vm = silu_jvp(a, va)
             m, vm = silu_jvp(*linear_jvp(edge[2], m, vm))
@@ -304,9 +304,9 @@ class EGNN(nn.Module):
             agg, vagg = m.unflatten(1, (n, n - 1)).sum(2), vm.unflatten(2, (n, n - 1)).sum(3)
             first = node[0]
             a = first(torch.cat((h, agg), -1))
-            va = vagg @ first.weight[:, self.hidden :].T
+            va = vagg @ first.weight[:, self.width :].T
             if vh is not None:
-                va = va + vh @ first.weight[:, : self.hidden].T
+                va = va + vh @ first.weight[:, : self.width].T
             b, vb = linear_jvp(node[2], *silu_jvp(a, va))
             h = h + b
             vh = vb if vh is None else vh + vb
@@ -316,4 +316,4 @@ class EGNN(nn.Module):
 
     def extra_repr(self) -> str:
         sizes = f"n_particles={self.n_particles}, spatial_dim={self.spatial_dim}"
-        return f"{sizes}, hidden={self.hidden}, layers={self.layers}"
+        return f"{sizes}, width={self.width}, layers={self.layers}"

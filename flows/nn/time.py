@@ -8,7 +8,7 @@ from collections.abc import Callable, Sequence
 import torch
 from torch import Tensor, nn
 
-from flows._validation import check_context
+from flows._validation import check_context, check_count
 from flows.nn.mlp import MLP
 
 __all__ = ["TIME_MLP_ACTIVATIONS", "TimeMLP"]
@@ -98,10 +98,8 @@ class TimeMLP(nn.Module):
         zero_init: bool = False,
     ) -> None:
         super().__init__()
-        if not isinstance(features, int) or features <= 0:
-            raise ValueError(f"TimeMLP: expected features to be a positive int, got {features!r}")
-        if not isinstance(freqs, int) or freqs < 0:
-            raise ValueError(f"TimeMLP: expected freqs to be an int >= 0, got {freqs!r}")
+        check_count("TimeMLP", "features", features)
+        check_count("TimeMLP", "freqs", freqs, minimum=0)
         if not hidden:
             raise ValueError("TimeMLP: expected at least one hidden layer, got hidden=()")
         self.features, self.context_features = features, context

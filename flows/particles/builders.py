@@ -5,7 +5,7 @@ from __future__ import annotations
 from collections.abc import Sequence
 from typing import Any
 
-from flows.architectures._arguments import check_hidden
+from flows._validation import check_hidden
 from flows.architectures.registry import register
 from flows.bijections.continuous import CNF
 from flows.flow import Flow
@@ -76,7 +76,7 @@ class EquivariantCNF(Flow):
         hidden = check_hidden("EquivariantCNF", hidden, minimum_layers=1)
         if len(set(hidden)) != 1:
             raise ValueError(f"EquivariantCNF: expected equal hidden widths (an EGNN keeps one width), got {hidden}")
-        field = EGNN(n_particles, spatial_dim, hidden=hidden[0], layers=len(hidden))
+        field = EGNN(n_particles, spatial_dim, width=hidden[0], layers=len(hidden))
         cnf = CNF(n_particles * spatial_dim, field=field, method=method, rtol=rtol, atol=atol, **options)
         super().__init__(cnf, MeanFreeNormal(n_particles, spatial_dim), context=0)
         self.n_particles, self.spatial_dim = n_particles, spatial_dim

@@ -86,7 +86,7 @@ def particle_nll(
     """
     _check_flow(flow, dtype, "particle_nll")
     x = check_samples(x, "particle_nll", "x", layout="(N, n·d)", min_ndim=2, empty_batch=True)
-    old = flow._anchor.dtype
+    old = flow.dtype
     flow.to(dtype)
     try:
         with evaluating(flow):
@@ -142,7 +142,7 @@ def boltzmann_evaluation(
     _check_flow(flow, dtype, "boltzmann_evaluation")
     features = math.prod(s or 1 for s in flow.event_shape)
     check_count("boltzmann_evaluation", "n", n, maximum=MAX_SAMPLE_ENTRIES // features)
-    old = flow._anchor.dtype
+    old = flow.dtype
     flow.to(dtype)
     target = target.to(dtype)
     xs, log_qs = [], []

@@ -3,18 +3,21 @@
 from __future__ import annotations
 
 import os
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import torch
 from torch import Tensor
 
 from flows.plot._figure import new_figure, save_figure
 
+if TYPE_CHECKING:
+    from flows.targets import ParticleSystem
+
 __all__ = ["plot_particle_histograms"]
 
 
 def plot_particle_histograms(
-    target: Any,
+    target: ParticleSystem,
     reference: Tensor,
     samples: Tensor,
     log_w: Tensor | None = None,

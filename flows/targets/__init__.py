@@ -8,7 +8,7 @@ Samplers and stochastic layers ask only for the :class:`Energy` protocol (``even
 
 from flows._energy import Energy
 from flows.targets.alanine import AlanineDipeptide
-from flows.targets.base import EnergyTarget
+from flows.targets.base import EnergyTarget, ProtocolTarget, as_target
 from flows.targets.interpolated import InterpolatedEnergy, TemperedEnergy
 from flows.targets.lattice import PhiFour
 from flows.targets.mixtures import Gaussian, GaussianMixture
@@ -34,5 +34,7 @@ __all__ = [
     "OpenMMTarget",
     "ParticleSystem",
     "PhiFour",
+    "ProtocolTarget",
     "TemperedEnergy",
+    "as_target",
 ]

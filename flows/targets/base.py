@@ -8,9 +8,10 @@ from collections.abc import Sequence
 import torch
 from torch import Tensor, nn
 
+from flows._energy import Energy
 from flows._validation import as_sample_shape, as_shape, check_event, check_real
 
-__all__ = ["EnergyTarget"]
+__all__ = ["EnergyTarget", "ProtocolTarget", "as_target"]
 
 
 class EnergyTarget(nn.Module):
@@ -148,3 +149,66 @@ class EnergyTarget(nn.Module):
 
     def extra_repr(self) -> str:
         return f"event_shape={tuple(self.event_shape)}"
+
+
+class ProtocolTarget(EnergyTarget):
+    r"""An :class:`EnergyTarget` around any object that satisfies the :class:`~flows._energy.Energy` protocol.
+
+    The wrapped object's ``energy`` and ``energy_and_grad`` are used as they are (an analytic
+    gradient is kept); ``log_prob`` and ``log_prob_and_grad`` follow from them. ``log_Z`` and
+    ``sample`` are taken from the object when it has them. Use :func:`as_target` rather than this
+    class: it passes an :class:`EnergyTarget` through unchanged.
+
+    Args:
+        energy: an object with ``event_shape``, ``energy(x)`` and ``energy_and_grad(x)``.
+    """
+
+    def __init__(self, energy: Energy) -> None:
+        super().__init__(energy.event_shape)
+        self.wrapped = energy
+        self.log_Z = getattr(energy, "log_Z", None)
+
+    def energy(self, x: Tensor) -> Tensor:
+        """:math:`u(x)` from the wrapped object."""
+        self._check_input(x)
+        return self.wrapped.energy(x)
+
+    def energy_and_grad(self, x: Tensor, *, create_graph: bool = False) -> tuple[Tensor, Tensor]:
+        r""":math:`(u(x), \nabla_x u(x))` from the wrapped object."""
+        self._check_input(x)
+        return self.wrapped.energy_and_grad(x, create_graph=create_graph)
+
+    def sample(self, sample_shape: Sequence[int] | int = (), *, generator: torch.Generator | None = None) -> Tensor:
+        """The wrapped object's exact sampler, where it has one."""
+        sample = getattr(self.wrapped, "sample", None)
+        if sample is None:
+            raise NotImplementedError(f"{type(self.wrapped).__name__} has no exact sampler")
+        return sample(sample_shape, generator=generator)
+
+    @property
+    def has_exact_sampler(self) -> bool:
+        """Whether the wrapped object has a ``sample`` method."""
+        return callable(getattr(self.wrapped, "sample", None))
+
+    def extra_repr(self) -> str:
+        return f"{type(self.wrapped).__name__}, event_shape={tuple(self.event_shape)}"
+
+
+def as_target(target: EnergyTarget | Energy, who: str, name: str = "target") -> EnergyTarget:
+    """``target`` as an :class:`EnergyTarget`: itself, or a :class:`ProtocolTarget` around an ``Energy``.
+
+    Samplers, objectives and the stochastic blocks all accept the same things through this one
+    function: a :class:`EnergyTarget`, or any object with ``event_shape``, ``energy`` and
+    ``energy_and_grad`` (the :class:`~flows._energy.Energy` protocol).
+
+    Raises:
+        TypeError: for anything else, naming ``who`` and what came.
+    """
+    if isinstance(target, EnergyTarget):
+        return target
+    if isinstance(target, Energy):
+        return ProtocolTarget(target)
+    raise TypeError(
+        f"{who}: expected {name} to be an EnergyTarget or an object with event_shape, energy(x) and "
+        f"energy_and_grad(x), got {type(target).__name__}"
+    )

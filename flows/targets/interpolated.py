@@ -6,7 +6,7 @@ import math
 
 from torch import Tensor
 
-from flows.targets.base import EnergyTarget
+from flows.targets.base import EnergyTarget, as_target
 
 __all__ = ["InterpolatedEnergy", "TemperedEnergy"]
 
@@ -38,11 +38,7 @@ class InterpolatedEnergy(EnergyTarget):
     """
 
     def __init__(self, start: EnergyTarget, end: EnergyTarget, lam: float) -> None:
-        for name, value in (("start", start), ("end", end)):
-            if not isinstance(value, EnergyTarget):
-                raise TypeError(
-                    f"InterpolatedEnergy: expected {name} to be an EnergyTarget, got {type(value).__name__}"
-                )
+        start, end = as_target(start, "InterpolatedEnergy", "start"), as_target(end, "InterpolatedEnergy", "end")
         if start.event_shape != end.event_shape:
             raise ValueError(
                 f"InterpolatedEnergy: expected energies of the same event shape, got {tuple(start.event_shape)} "
@@ -97,8 +93,7 @@ class TemperedEnergy(EnergyTarget):
     """
 
     def __init__(self, target: EnergyTarget, temperature: float = 1.0) -> None:
-        if not isinstance(target, EnergyTarget):
-            raise TypeError(f"TemperedEnergy: expected an EnergyTarget, got {type(target).__name__}")
+        target = as_target(target, "TemperedEnergy")
         super().__init__(target.event_shape)
         self.target = target
         self.temperature = temperature

@@ -91,7 +91,7 @@ class GaussianMixture(EnergyTarget):
 
     Args:
         locs: component means ``(K, *event_shape)``.
-        scales: component standard deviations, broadcastable to ``locs`` (positive).
+        stds: component standard deviations, broadcastable to ``locs`` (positive).
         weights: mixture weights ``(K,)`` (positive; normalised here), equal by default.
 
     Example:
@@ -108,7 +108,7 @@ class GaussianMixture(EnergyTarget):
     def __init__(
         self,
         locs: Tensor | Sequence,
-        scales: float | Tensor | Sequence = 1.0,
+        stds: float | Tensor | Sequence = 1.0,
         weights: Tensor | Sequence | None = None,
     ) -> None:
         name = type(self).__name__
@@ -116,21 +116,21 @@ class GaussianMixture(EnergyTarget):
         if locs.dim() < 2:
             raise ValueError(f"{name}: expected locs of shape (K, *event_shape), got {tuple(locs.shape)}")
         super().__init__(locs.shape[1:])
-        scales = _as_float_tensor(scales, "scales", name)
+        stds = _as_float_tensor(stds, "stds", name)
         try:
-            scales = scales.expand(locs.shape).clone()
+            stds = stds.expand(locs.shape).clone()
         except RuntimeError as error:
             raise ValueError(
-                f"{name}: expected scales broadcastable to {tuple(locs.shape)}, got {tuple(scales.shape)}"
+                f"{name}: expected stds broadcastable to {tuple(locs.shape)}, got {tuple(stds.shape)}"
             ) from error
-        if not bool((scales > 0).all()):
-            raise ValueError(f"{name}: expected positive scales, got {scales}")
+        if not bool((stds > 0).all()):
+            raise ValueError(f"{name}: expected positive stds, got {stds}")
         k = locs.shape[0]
         weights = torch.ones(k) if weights is None else _as_float_tensor(weights, "weights", name)
         if weights.shape != (k,) or not bool((weights > 0).all()):
             raise ValueError(f"{name}: expected {k} positive weights, got {weights}")
         self.register_buffer("locs", locs.clone())
-        self.register_buffer("scales", scales)
+        self.register_buffer("stds", stds)
         self.register_buffer("log_weights", (weights / weights.sum()).log())
 
     @classmethod
@@ -170,9 +170,9 @@ class GaussianMixture(EnergyTarget):
         r""":math:`\log w_k + \log \mathcal N(x; \mu_k, \sigma_k^2)`, shape ``(*batch, K)``."""
         self._check_input(x)
         n = len(self.event_shape)
-        z = (x.unsqueeze(-n - 1) - self.locs) / self.scales
+        z = (x.unsqueeze(-n - 1) - self.locs) / self.stds
         dims = tuple(range(-n, 0))
-        return self.log_weights - (0.5 * z.square() + self.scales.log()).sum(dims) - 0.5 * self.dim * _LOG_2PI
+        return self.log_weights - (0.5 * z.square() + self.stds.log()).sum(dims) - 0.5 * self.dim * _LOG_2PI
 
     def energy(self, x: Tensor) -> Tensor:
         return self._overflow_to_inf(-torch.logsumexp(self.component_log_probs(x), dim=-1), x)
@@ -187,7 +187,7 @@ class GaussianMixture(EnergyTarget):
         n = shape.numel()
         comp = torch.multinomial(self.log_weights.exp(), n, replacement=True, generator=generator) if n else None
         eps = self._randn((n, *self.event_shape), generator).to(self.locs)
-        x = self.locs[comp] + self.scales[comp] * eps if n else eps
+        x = self.locs[comp] + self.stds[comp] * eps if n else eps
         return x.reshape(*shape, *self.event_shape)
 
     def extra_repr(self) -> str:

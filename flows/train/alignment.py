@@ -90,10 +90,14 @@ __all__ = ["RepresentationAlignment", "repa_projector"]
 ROUTES = ("reverse", "forward", "detach")
 
 
-def repa_projector(width: int, features: int, hidden: int = 2048) -> nn.Sequential:
-    """REPA's projector: ``Linear(width, hidden) → SiLU → Linear(hidden, hidden) → SiLU → Linear(hidden, features)``."""
+def repa_projector(width: int, features: int, projector_width: int = 2048) -> nn.Sequential:
+    """REPA's projector ``Linear(width, w) → SiLU → Linear(w, w) → SiLU → Linear(w, features)``, w = projector_width."""
     return nn.Sequential(
-        nn.Linear(width, hidden), nn.SiLU(), nn.Linear(hidden, hidden), nn.SiLU(), nn.Linear(hidden, features)
+        nn.Linear(width, projector_width),
+        nn.SiLU(),
+        nn.Linear(projector_width, projector_width),
+        nn.SiLU(),
+        nn.Linear(projector_width, features),
     )
 
 
@@ -127,7 +131,7 @@ class RepresentationAlignment(nn.Module, Objective):
             ``width`` and ``features``).
         width: the flow's transformer width (for the default projector).
         features: the encoder's feature width ``D`` (for the default projector).
-        hidden: the default projector's hidden width (REPA: 2048).
+        projector_width: the default projector's hidden width (REPA: 2048).
         grid: ``"interpolate"`` or ``"pool"``: how an encoder grid of another size is matched.
         likelihood: the maximum-likelihood objective (dequantization, noise); default
             :class:`~flows.train.MaximumLikelihood`.
@@ -140,7 +144,7 @@ class RepresentationAlignment(nn.Module, Objective):
         >>> from flows import TarFlow
         >>> flow = TarFlow((1, 4, 4), patch=2, transforms=2, hidden=(16,))
         >>> encoder = torch.nn.Conv2d(1, 8, 2, stride=2)  # (B, 8, 2, 2) maps: the flow's 2x2 grid
-        >>> align = RepresentationAlignment(encoder, where=(1, 0), width=16, features=8, hidden=32)
+        >>> align = RepresentationAlignment(encoder, where=(1, 0), width=16, features=8, projector_width=32)
         >>> loss, metrics = align(flow, (torch.randn(3, 1, 4, 4),))
         >>> sorted(metrics)
         ['alignment', 'nll']
@@ -156,7 +160,7 @@ class RepresentationAlignment(nn.Module, Objective):
         *,
         width: int | None = None,
         features: int | None = None,
-        hidden: int = 2048,
+        projector_width: int = 2048,
         grid: str = "interpolate",
         likelihood: MaximumLikelihood | None = None,
     ) -> None:
@@ -171,13 +175,13 @@ class RepresentationAlignment(nn.Module, Objective):
         if isinstance(weight, bool) or not isinstance(weight, (int, float)) or not 0 <= weight < math.inf:
             raise ValueError(f"{who}: expected weight to be a finite number >= 0, got {weight!r}")
         if projector is None:
-            sizes = {"width": width, "features": features, "hidden": hidden}
+            sizes = {"width": width, "features": features, "projector_width": projector_width}
             if any(not isinstance(v, int) or isinstance(v, bool) or v < 1 for v in sizes.values()):
                 raise ValueError(
-                    f"{who}: expected positive int width (the flow's), features (the encoder's) and hidden for the "
-                    f"default projector, got {sizes}; or pass projector="
+                    f"{who}: expected positive int width (the flow's), features (the encoder's) and "
+                    f"projector_width for the default projector, got {sizes}; or pass projector="
                 )
-            projector = repa_projector(width, features, hidden)
+            projector = repa_projector(width, features, projector_width)
         elif not isinstance(projector, nn.Module):
             raise TypeError(f"{who}: expected the projector to be an nn.Module, got {type(projector).__name__}")
         self.where, self.route, self.weight, self.grid = _locations(where), route, float(weight), grid

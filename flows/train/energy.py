@@ -42,7 +42,7 @@ from torch import Tensor, nn
 
 from flows.flow import Flow
 from flows.metrics.importance import kish_ess, log_z_estimate, sample_log_weights
-from flows.targets.base import EnergyTarget
+from flows.targets.base import EnergyTarget, as_target
 from flows.targets.interpolated import TemperedEnergy
 from flows.train.callbacks import Callback
 from flows.train.objectives import MaximumLikelihood, Objective, ObjectiveOutput
@@ -179,8 +179,7 @@ class ReverseKL(Objective):
         eval_samples: int = 10_000,
         eval_seed: int = 0,
     ) -> None:
-        if not isinstance(target, EnergyTarget):
-            raise TypeError(f"ReverseKL: expected an EnergyTarget, got {type(target).__name__}")
+        target = as_target(target, "ReverseKL")
         if not isinstance(batch_size, int) or batch_size < 1 or not isinstance(eval_samples, int) or eval_samples < 2:
             raise ValueError(
                 f"ReverseKL: expected batch_size >= 1 and eval_samples >= 2, got {batch_size!r}, {eval_samples!r}"

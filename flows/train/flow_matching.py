@@ -26,7 +26,7 @@ batch by exact minibatch optimal transport (``coupling="ot"``, Tong et al. 2023;
 :func:`scipy.optimize.linear_sum_assignment` through :func:`flows.train.pairs.ot_assignment`. OT pairs
 cross less, so the marginal field is straighter and the ODE needs fewer steps.
 
-The regression target may also be the *stable target* (``target="stable"``, Xu et al. 2023): in
+The regression target may also be the *stable target* (``velocity="stable"``, Xu et al. 2023): in
 place of one pair's velocity, its posterior average over a reference set of data rows, which has
 the same minimiser (exactly so as the reference grows) and a far smaller variance. See
 :class:`FlowMatching`.
@@ -56,8 +56,8 @@ from torch import Tensor, nn
 
 from flows._validation import (
     check_context,
+    check_count,
     check_flow_inputs,
-    check_integer,
     check_number,
     check_objective_batch,
 )
@@ -70,10 +70,10 @@ from flows.train.pairs import ot_assignment
 if TYPE_CHECKING:
     from flows.bijections.continuous import CNF
 
-__all__ = ["COUPLINGS", "TARGETS", "FlowMatching", "flow_matching_parts", "independent_coupling", "ot_coupling"]
+__all__ = ["COUPLINGS", "VELOCITIES", "FlowMatching", "flow_matching_parts", "independent_coupling", "ot_coupling"]
 
 COUPLINGS = ("independent", "ot")
-TARGETS = ("conditional", "stable")
+VELOCITIES = ("conditional", "stable")
 MAX_SIGMA = 1e150
 """The largest noise level accepted (``σ²`` must be finite in float64)."""
 
@@ -223,7 +223,8 @@ class FlowMatching(Objective):
         eval_seed: seed of the base samples, times and noise during :meth:`evaluate`.
         eval_nll: also report the ODE negative log-likelihood in :meth:`evaluate`.
         time_power: exponent ``p > 0`` of the times ``s = u^p``, ``u ~ U(0, 1)``.
-        target: ``"conditional"`` or ``"stable"``.
+        velocity: the regression target of the field, ``"conditional"`` (the conditional velocity of
+            each pair) or ``"stable"`` (the stable target field, Xu et al. 2023).
         reference: data rows (as the model takes them, before any fixed preprocessing), shape
             ``(M, *event)``, added to the batch as the stable target's reference set.
         reference_size: rows drawn from ``reference`` each step (``None``: all of them).
@@ -239,8 +240,8 @@ class FlowMatching(Objective):
 
     Raises:
         ValueError: for a ``sigma`` that is negative, NaN, infinite or above :data:`MAX_SIGMA`, a
-            ``time_power`` that is not finite and positive, an unknown coupling or target name, a
-            ``reference`` or ``reference_size`` without ``target="stable"``, a ``reference_size``
+            ``time_power`` that is not finite and positive, an unknown coupling or velocity name, a
+            ``reference`` or ``reference_size`` without ``velocity="stable"``, a ``reference_size``
             without a ``reference``, a stable target with a coupling other than the independent
             one, an empty or non-finite ``reference``, a ``reference_size`` that is not a positive
             integer; when called, a batch that :meth:`~flows.Flow.log_prob` would refuse (wrong
@@ -271,7 +272,7 @@ class FlowMatching(Objective):
         eval_seed: int = 0,
         eval_nll: bool = False,
         time_power: float = 1.0,
-        target: str = "conditional",
+        velocity: str = "conditional",
         reference: Tensor | None = None,
         reference_size: int | None = None,
     ) -> None:
@@ -280,7 +281,7 @@ class FlowMatching(Objective):
         sigma = check_number("FlowMatching", "sigma", sigma, minimum=0, maximum=MAX_SIGMA)
         if not isinstance(eval_nll, bool):
             raise TypeError(f"FlowMatching: expected eval_nll to be a bool, got {eval_nll!r}")
-        eval_seed = check_integer("FlowMatching", "eval_seed", eval_seed)
+        eval_seed = check_count("FlowMatching", "eval_seed", eval_seed, minimum=None)
         if isinstance(coupling, str):
             if coupling not in COUPLINGS:
                 raise ValueError(f"FlowMatching: expected coupling in {COUPLINGS} or a callable, got {coupling!r}")
@@ -291,15 +292,15 @@ class FlowMatching(Objective):
             self.coupling = coupling
         else:
             raise ValueError(f"FlowMatching: expected coupling in {COUPLINGS} or a callable, got {coupling!r}")
-        if target not in TARGETS:
-            raise ValueError(f"FlowMatching: expected target in {TARGETS}, got {target!r}")
-        if target != "stable" and (reference is not None or reference_size is not None):
+        if velocity not in VELOCITIES:
+            raise ValueError(f"FlowMatching: expected velocity in {VELOCITIES}, got {velocity!r}")
+        if velocity != "stable" and (reference is not None or reference_size is not None):
             raise ValueError(
-                'FlowMatching: reference and reference_size are for target="stable", got target=' + repr(target)
+                'FlowMatching: reference and reference_size are for velocity="stable", got velocity=' + repr(velocity)
             )
-        if target == "stable" and self.coupling is not independent_coupling:
+        if velocity == "stable" and self.coupling is not independent_coupling:
             raise ValueError(
-                'FlowMatching: target="stable" needs coupling="independent" (its posterior assumes '
+                'FlowMatching: velocity="stable" needs coupling="independent" (its posterior assumes '
                 f"base samples drawn independently of the data), got coupling={self.coupling_name!r}"
             )
         if reference is not None:
@@ -323,7 +324,7 @@ class FlowMatching(Objective):
                 "FlowMatching: reference_size draws rows from reference, got reference_size="
                 f"{reference_size} and no reference; expected a reference tensor too (or no reference_size)"
             )
-        self.target = target
+        self.velocity = velocity
         self.reference = reference
         self.reference_size = reference_size
         self.sigma = float(sigma)
@@ -370,8 +371,8 @@ class FlowMatching(Objective):
                 "regularise the ODE solve, and flow matching solves none); expected kinetic=0 and jacobian=0, "
                 "or train by maximum likelihood"
             )
-        if self.target == "stable" and context is not None:
-            raise ValueError('FlowMatching: target="stable" does not support a context; use target="conditional"')
+        if self.velocity == "stable" and context is not None:
+            raise ValueError('FlowMatching: velocity="stable" does not support a context; use velocity="conditional"')
         return front, cnf, x, context
 
     def __call__(self, model: nn.Module, batch: object) -> ObjectiveOutput:
@@ -399,7 +400,7 @@ class FlowMatching(Objective):
                 shift = shift + self.sigma * torch.randn_like(x)
             x_t = (1 - s.reshape(shape)) * x + shift
             self._check_path(x_t, z, cnf)
-            if self.target == "stable":
+            if self.velocity == "stable":
                 target = self._stable_target(model, front, x, z, shift, s, data) / span
             else:
                 target = (z - x) / span
@@ -428,7 +429,7 @@ class FlowMatching(Objective):
 
         if not isinstance(model.base, StandardNormal):
             raise TypeError(
-                'FlowMatching: target="stable" needs a StandardNormal base (its posterior is written for '
+                'FlowMatching: velocity="stable" needs a StandardNormal base (its posterior is written for '
                 f"N(0, I)), got {type(model.base).__name__}"
             )
         n = len(x)
@@ -482,14 +483,14 @@ class FlowMatching(Objective):
 
     def __repr__(self) -> str:
         power = f", time_power={self.time_power:g}" if self.time_power != 1.0 else ""
-        target = ""
-        if self.target == "stable":
+        stable = ""
+        if self.velocity == "stable":
             size = "all" if self.reference_size is None else self.reference_size
             rows = (
                 f", reference={len(self.reference)} rows, reference_size={size}" if self.reference is not None else ""
             )
-            target = f", target='stable'{rows}"
+            stable = f", velocity='stable'{rows}"
         return (
-            f"FlowMatching(sigma={self.sigma:g}, coupling={self.coupling_name!r}{power}{target}, "
+            f"FlowMatching(sigma={self.sigma:g}, coupling={self.coupling_name!r}{power}{stable}, "
             f"eval_nll={self.eval_nll})"
         )

@@ -1,7 +1,9 @@
-r"""Latent–data pairs :math:`(z_i, x_i)` for regression-trained flows: from a teacher flow, or from optimal transport.
+r"""Data–latent pairs :math:`(x_i, z_i)` for regression-trained flows: from a teacher flow, or from optimal transport.
 
 A flow trained by regression (:class:`~flows.train.PairRegression`) learns a map that sends each
-base sample :math:`z_i` to its partner :math:`x_i`. The pairs must come from a coupling whose
+base sample :math:`z_i` to its partner :math:`x_i`. Pairs are ``(x, z)``, data side first, as
+everywhere in the library (couplings of flow matching, ``forward_and_log_det``). The pairs must
+come from a coupling whose
 :math:`z`-marginal is the student's base distribution and whose :math:`x`-marginal is the target,
 and that is (close to) deterministic, :math:`x = \Phi(z)`, so that the regression has an exact
 solution:
@@ -52,21 +54,22 @@ def _check_pair_tensors(a: Tensor, b: Tensor, who: str, names: tuple[str, str]) 
         )
 
 
-def ot_assignment(z: Tensor, x: Tensor) -> Tensor:
-    r"""The exact optimal assignment of ``x`` to ``z`` for the squared Euclidean cost.
+def ot_assignment(x: Tensor, z: Tensor) -> Tensor:
+    r"""The exact optimal assignment of ``z`` to ``x`` for the squared Euclidean cost.
 
-    Returns the permutation :math:`\sigma` minimising :math:`\sum_i \|z_i - x_{\sigma(i)}\|^2`
+    Returns the permutation :math:`\sigma` minimising :math:`\sum_i \|x_i - z_{\sigma(i)}\|^2`
     (the discrete optimal-transport plan between two empirical measures of equal size), by the
     Jonker–Volgenant algorithm of :func:`scipy.optimize.linear_sum_assignment` on the cost matrix
     computed in float64 (:math:`O(N^2 D)` memory-light distances, :math:`O(N^3)` time;
     measurements: ``docs/flow_maps.md``).
 
     Args:
-        z: base samples, shape ``(N, *event)``.
-        x: target samples, the same shape.
+        x: samples, shape ``(N, *event)`` (kept in place).
+        z: samples of the same shape (reordered by ``sigma``).
 
     Returns:
-        ``sigma``, a ``LongTensor`` of shape ``(N,)``: ``x[sigma]`` is paired with ``z``.
+        ``sigma``, a ``LongTensor`` of shape ``(N,)``: ``z[sigma]`` is paired with ``x``. The cost
+        is symmetric, so ``ot_assignment(z, x)`` reorders ``x`` against ``z`` instead.
 
     Raises:
         TypeError: for non-tensors or non-floating dtypes.
@@ -74,25 +77,25 @@ def ot_assignment(z: Tensor, x: Tensor) -> Tensor:
 
     Example:
         >>> import torch
-        >>> z = torch.tensor([[0.0], [1.0], [2.0]])
-        >>> ot_assignment(z, torch.tensor([[2.1], [-0.1], [0.9]])).tolist()
+        >>> x = torch.tensor([[0.0], [1.0], [2.0]])
+        >>> ot_assignment(x, torch.tensor([[2.1], [-0.1], [0.9]])).tolist()
         [1, 2, 0]
     """
-    _check_pair_tensors(z, x, "ot_assignment", ("z", "x"))
-    a = z.detach().reshape(z.shape[0], -1).to("cpu", torch.float64)
-    b = x.detach().reshape(x.shape[0], -1).to("cpu", torch.float64)
+    _check_pair_tensors(x, z, "ot_assignment", ("x", "z"))
+    a = x.detach().reshape(x.shape[0], -1).to("cpu", torch.float64)
+    b = z.detach().reshape(z.shape[0], -1).to("cpu", torch.float64)
     cost = torch.cdist(a, b, compute_mode="donot_use_mm_for_euclid_dist").square()
     from scipy.optimize import linear_sum_assignment  # imported on first use: keeps `import flows` fast
 
     rows, cols = linear_sum_assignment(cost.numpy())
     sigma = np.empty_like(cols)
     sigma[rows] = cols
-    return torch.from_numpy(sigma).to(device=z.device, dtype=torch.long)
+    return torch.from_numpy(sigma).to(device=x.device, dtype=torch.long)
 
 
 def ot_pairs(
-    z: Tensor,
     x: Tensor,
+    z: Tensor,
     *,
     batch_size: int = 1024,
     shuffle: bool = True,
@@ -101,21 +104,21 @@ def ot_pairs(
     r"""Pair base samples with target samples by exact optimal transport on mini-batches.
 
     The samples are cut into consecutive chunks of ``batch_size`` and within each chunk ``x`` is
-    reordered by :func:`ot_assignment`, so that ``(z[i], x_paired[i])`` minimise the total squared
+    reordered by :func:`ot_assignment`, so that ``(x_paired[i], z[i])`` minimise the total squared
     distance of the chunk. With ``shuffle`` (default) ``x`` is first permuted at random, so that
     ordered data (an MD trajectory, samples sorted by mode) still gives every chunk the target
     marginal. Larger chunks give couplings closer to the optimal-transport map (and cost
     :math:`O(B^3)` each).
 
     Args:
-        z: base samples (draws of the student's base distribution), shape ``(N, *event)``.
-        x: target samples, the same shape.
+        x: target samples, shape ``(N, *event)``.
+        z: base samples (draws of the student's base distribution), the same shape.
         batch_size: chunk size ``B`` of the exact assignments.
         shuffle: permute ``x`` at random before chunking.
         generator: random generator of that permutation.
 
     Returns:
-        ``(z, x_paired)``: ``z`` unchanged and ``x`` reordered, both ``(N, *event)``.
+        ``(x_paired, z)``: ``x`` reordered and ``z`` unchanged, both ``(N, *event)``.
 
     Raises:
         TypeError: for non-tensors or non-floating dtypes.
@@ -124,11 +127,11 @@ def ot_pairs(
     Example:
         >>> import torch
         >>> z = torch.randn(64, 2)
-        >>> zp, xp = ot_pairs(z, z.flip(0), batch_size=64)  # the same points in another order
+        >>> xp, zp = ot_pairs(z.flip(0), z, batch_size=64)  # the same points in another order
         >>> torch.equal(xp, z)  # the optimal plan between identical point sets is the identity
         True
     """
-    _check_pair_tensors(z, x, "ot_pairs", ("z", "x"))
+    _check_pair_tensors(x, z, "ot_pairs", ("x", "z"))
     if not isinstance(batch_size, int) or batch_size < 1:
         raise ValueError(f"ot_pairs: expected a positive int batch_size, got {batch_size!r}")
     n = x.shape[0]
@@ -138,7 +141,7 @@ def ot_pairs(
     for start in range(0, n, batch_size):
         chunk = slice(start, min(start + batch_size, n))
         paired[chunk] = x[chunk][ot_assignment(z[chunk], x[chunk])]
-    return z, paired
+    return paired, z
 
 
 @torch.no_grad()
@@ -149,7 +152,7 @@ def teacher_pairs(
     context: Tensor | None = None,
     batch_size: int = 4096,
 ) -> tuple[Tensor, Tensor]:
-    r"""Pairs :math:`(z, \Phi(z))` from a trained flow: base draws and their images under its sampling map.
+    r"""Pairs :math:`(\Phi(z), z)` from a trained flow: base draws and their images under its sampling map.
 
     :math:`z \sim p_Z` (the teacher's base) and :math:`x = \Phi(z) = f^{-1}(z)`, computed with the
     teacher's tensor-only inverse (for a :class:`~flows.CNF`: the ODE integrated from the latent to
@@ -164,7 +167,7 @@ def teacher_pairs(
         batch_size: samples per chunk.
 
     Returns:
-        ``(z, x)``, both of shape ``(n, *event_shape)``.
+        ``(x, z)``, both of shape ``(n, *event_shape)``.
 
     Raises:
         TypeError: if ``teacher`` is not a :class:`~flows.Flow`.
@@ -175,7 +178,7 @@ def teacher_pairs(
         >>> import torch
         >>> from flows import Affine, Flow, StandardNormal
         >>> teacher = Flow(Affine(2, shift=1.0, log_scale=0.5), StandardNormal(2))
-        >>> z, x = teacher_pairs(teacher, 5)
+        >>> x, z = teacher_pairs(teacher, 5)
         >>> torch.allclose(x, (z - 1.0) * torch.exp(torch.tensor(-0.5)))  # x = f⁻¹(z) = (z - t) e^{-s}
         True
     """
@@ -205,4 +208,4 @@ def teacher_pairs(
         raise ValueError(
             f"teacher_pairs: expected finite teacher samples, got {int((~torch.isfinite(x)).sum())} NaN/Inf values"
         )
-    return z, x
+    return x, z

@@ -1,6 +1,6 @@
 r"""Regression training of flows onto latent–data pairs (FORT / RegFlow): no log-determinant in the loss.
 
-Given pairs :math:`(z_i, x_i)` from a deterministic coupling of the base distribution and the
+Given pairs :math:`(x_i, z_i)` from a deterministic coupling of the base distribution and the
 target (a trained CNF, or an optimal-transport coupling: :mod:`flows.train.pairs`), an exactly
 invertible flow :math:`T` (forward: data → latent, so the sampling map is :math:`T^{-1}`) is
 trained by
@@ -60,8 +60,8 @@ def _transform_of(model: nn.Module, who: str) -> Bijection:
 
 def pair_regression_loss(
     model: Flow | Bijection,
-    z: Tensor,
     x: Tensor,
+    z: Tensor,
     context: Tensor | None = None,
     *,
     consistency: float = 1.0,
@@ -70,8 +70,8 @@ def pair_regression_loss(
 
     Args:
         model: the flow (its transform :math:`T` is used) or a transform, data → latent.
-        z: latent side of the pairs, shape ``(*batch, *event_shape_out)``.
-        x: data side, shape ``(*batch, *event_shape)``.
+        x: data side of the pairs, shape ``(*batch, *event_shape)``.
+        z: latent side, shape ``(*batch, *event_shape_out)``.
         context: context of conditional models, ``(*batch, context_features)``.
         consistency: weight :math:`\lambda \ge 0` of the forward-backward consistency term
             (0 skips the forward pass).
@@ -90,7 +90,7 @@ def pair_regression_loss(
         >>> from flows import Affine, Flow, StandardNormal
         >>> flow = Flow(Affine(2, shift=1.0), StandardNormal(2))  # T(x) = x + 1
         >>> x = torch.randn(8, 2)
-        >>> loss, metrics = pair_regression_loss(flow, x + 1.0, x)  # the exact pairs of T
+        >>> loss, metrics = pair_regression_loss(flow, x, x + 1.0)  # the exact pairs (x, T(x))
         >>> round(loss.item(), 10), sorted(metrics)
         (0.0, ['consistency_error', 'sampling_error'])
     """
@@ -119,8 +119,8 @@ def pair_regression_loss(
 class PairRegression(Objective):
     r"""Objective: regress a flow onto latent–data pairs, :func:`pair_regression_loss` (FORT / RegFlow).
 
-    Batches are ``(z, x)`` or ``(z, x, context)``: train with
-    ``trainer.fit((z, x), val=(z_val, x_val), ...)`` on pairs from :func:`flows.train.pairs.teacher_pairs`
+    Batches are ``(x, z)`` or ``(x, z, context)``: train with
+    ``trainer.fit((x, z), val=(x_val, z_val), ...)`` on pairs from :func:`flows.train.pairs.teacher_pairs`
     or :func:`flows.train.pairs.ot_pairs`. The metrics ``sampling_error`` and ``consistency_error`` are
     logged (and averaged by :meth:`~flows.train.Objective.evaluate` over validation pairs).
 
@@ -143,7 +143,7 @@ class PairRegression(Objective):
         >>> z = torch.randn(256, 2)
         >>> x = 2.0 * z + 1.0  # pairs of the affine map x = 2z + 1
         >>> student = Flow(Affine(2), StandardNormal(2))
-        >>> history = Trainer(student, PairRegression(), lr=0.05, progress=False).fit((z, x), epochs=40, batch_size=64)
+        >>> history = Trainer(student, PairRegression(), lr=0.05, progress=False).fit((x, z), epochs=40, batch_size=64)
         >>> student.transform.inverse(torch.zeros(1, 2)).round(decimals=2).tolist()
         [[1.0, 1.0]]
     """
@@ -155,10 +155,10 @@ class PairRegression(Objective):
         sequence = isinstance(batch, (tuple, list))
         if not (sequence and len(batch) in (2, 3) and all(isinstance(b, Tensor) for b in batch)):
             got = f"a sequence of {len(batch)}" if sequence else type(batch).__name__
-            raise TypeError(f"PairRegression: expected a batch (z, x) or (z, x, context) of tensors, got {got}")
-        z, x = batch[0], batch[1]
+            raise TypeError(f"PairRegression: expected a batch (x, z) or (x, z, context) of tensors, got {got}")
+        x, z = batch[0], batch[1]
         context = batch[2] if len(batch) == 3 else None
-        return pair_regression_loss(model, z, x, context, consistency=self.consistency)
+        return pair_regression_loss(model, x, z, context, consistency=self.consistency)
 
     def __repr__(self) -> str:
         return f"PairRegression(consistency={self.consistency})"

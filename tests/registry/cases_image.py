@@ -53,7 +53,7 @@ def _split(context: int = 0) -> flows.Split:
 
 
 def _glow(**options) -> flows.Bijection:
-    return flows.Glow((1, 8, 8), levels=2, steps=1, hidden=(8, 8), **options).transform
+    return flows.Glow((1, 8, 8), scales=2, steps=1, hidden=(8, 8), **options).transform
 
 
 CASES = [

@@ -24,7 +24,7 @@ def _mean_free(shape: tuple[int, ...], generator: torch.Generator) -> torch.Tens
 CASES = [
     Case(
         "cnf-egnn",
-        lambda: flows.CNF(6, field=EGNN(3, 2, hidden=8, layers=2), **TIGHT),
+        lambda: flows.CNF(6, field=EGNN(3, 2, width=8, layers=2), **TIGHT),
         (6,),
         sample=_mean_free,
         perturb=0.1,  # 0.3 makes the random field stiff (the solve needs thousands of steps)

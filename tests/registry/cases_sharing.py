@@ -40,7 +40,7 @@ CASES.append(
         "glow-shared-conditioner",
         _seeded(
             lambda: (
-                flows.Glow((1, 8, 8), levels=2, steps=2, hidden=(8, 8), share_conditioner=True, embedding=2).transform
+                flows.Glow((1, 8, 8), scales=2, steps=2, hidden=(8, 8), share_conditioner=True, embedding=2).transform
             )
         ),
         (1, 8, 8),

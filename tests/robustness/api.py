@@ -283,7 +283,7 @@ def _registry_attacks() -> list[Attack]:
 
 _SMALL = {"transforms": 1, "hidden": (8,)}
 _BUILDER_ARGS: dict[str, tuple[tuple, dict]] = {
-    "Glow": (((1, 4, 4),), {"levels": 1, "steps": 1, "hidden": (4, 4)}),
+    "Glow": (((1, 4, 4),), {"scales": 1, "steps": 1, "hidden": (4, 4)}),
     "FFJORD": ((3,), {"hidden": (8,), "rtol": 1e-3, "atol": 1e-3, "trace": "exact"}),
     "FreeFormInjectiveFlow": ((3,), {"latent_features": 2, "hidden": (8,)}),
 }
@@ -506,7 +506,8 @@ def _target_recipes() -> dict[str, Callable[[], object]]:
     }
 
 
-_ABSTRACT_TARGETS = {"Energy", "EnergyTarget", "ParticleSystem"}  # the protocol and the base classes
+# the protocol, the base classes and the adapter
+_ABSTRACT_TARGETS = {"Energy", "EnergyTarget", "ParticleSystem", "ProtocolTarget", "as_target"}
 
 
 def _make_target(name: str):

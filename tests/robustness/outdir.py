@@ -24,7 +24,6 @@ from __future__ import annotations
 import contextlib
 import errno
 import functools
-import importlib.util
 import os
 import shutil
 import signal
@@ -335,9 +334,11 @@ def attacks() -> list[Attack]:
         for other in OBJECTIVE_OPTIONS
         if other != objective and key not in OBJECTIVE_OPTIONS[other]
     ]
-    # every name a run owns, written by a run on data of the kind that writes it (TensorBoard only when installed)
-    tensorboard = importlib.util.find_spec("tensorboard") is not None
-    names = [n for n in RUN_FILES if n != "tensorboard" or tensorboard]
+    # every file a run owns, written by a run on data of the kind that writes it. The tensorboard/ folder is
+    # not attacked here: its event files are written by TensorBoard's own thread through io.open, which the
+    # full-disk patch (builtins.open, os.open, by file name) does not reach, so the attack could not fail a write
+    # and would call the run that did not fail "silent" (it is still attacked as a user's folder in --out).
+    names = [n for n in RUN_FILES if n != "tensorboard"]
     found += [Attack(f"outdir/fit/enospc={n}", "outdir", functools.partial(_enospc_fit, n), 90) for n in names]
     found += [
         Attack(f"outdir/sample/enospc={s}", "outdir", functools.partial(_enospc_sample, s), 60)
