@@ -165,7 +165,10 @@ def evaluate(flow, ic, target, test_x, ref, args, label: str, out: Path | None) 
         panels = [(f"reference: {ref['name']}", ref["angles"], ref["log_w"]), ("flow samples", angles, None)]
         panels.append((f"reweighted (ESS {result['ess']:.3f})", angles, log_w))
         title = f"ALDP vacuum {args.temperature:g} K, {label}"
-        plot_ramachandran(panels, out / f"ramachandran_{int(args.temperature)}K_{label}.png", title=title)
+        stem = f"{int(args.temperature)}K_{label}"
+        plot_ramachandran(panels, out / f"ramachandran_{stem}.png", title=title)
+        torch.save({"angles": angles.float(), "log_w": log_w}, out / f"samples_{stem}.pt")  # to re-plot
+        torch.save(flow.state_dict(), out / f"flow_{stem}.pt")
     return result
 
 

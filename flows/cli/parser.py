@@ -343,4 +343,7 @@ def _parser() -> argparse.ArgumentParser:
     )
 
     sub.add_parser("models", help="list the model builders that --model accepts")
+    from flows.cli.data import add_data_parser
+
+    add_data_parser(sub)
     return parser

@@ -20,20 +20,23 @@ def plot_ramachandran(
     path: str | os.PathLike | None = None,
     *,
     bins: int = 100,
+    decades: float = 5.0,
     title: str | None = None,
 ) -> Any:
     r"""Ramachandran histograms :math:`(\phi, \psi)` side by side, one panel per sample set, log colour scale.
 
     The standard picture of the field (reference, flow samples, reweighted flow samples): each
     panel is a ``bins`` × ``bins`` histogram on :math:`[-\pi, \pi]^2`, normalised to a probability
-    per bin, drawn with one shared logarithmic colour scale so that panels compare; empty bins
-    are blank.
+    per bin, drawn with one shared logarithmic colour scale spanning ``decades`` decades below the
+    largest bin of all panels, so that panels compare; bins below that (a reweighted histogram
+    carried by a few samples leaves most bins at 1e-100 and less) and empty bins are blank.
 
     Args:
         panels: ``(title, angles, log_w)`` triples: ``angles`` ``(N, 2)`` in radians (φ, ψ),
             ``log_w`` ``(N,)`` log weights or ``None`` (equal weights).
         path: where to save the picture (``None``: only return the figure).
         bins: bins per axis.
+        decades: the span of the colour scale.
         title: figure title.
 
     Returns:
@@ -71,14 +74,16 @@ def plot_ramachandran(
             w = torch.softmax(torch.nan_to_num(log_w.detach().double().cpu(), nan=-math.inf), 0)
         h = torch.histogramdd(angles, bins=[bins, bins], range=[-math.pi, math.pi] * 2, weight=w).hist
         hists.append((name, h / h.sum().clamp_min(1e-300)))
-    positive = torch.cat([h[h > 0] for _, h in hists])
-    vmin, vmax = (float(positive.min()), float(positive.max())) if positive.numel() else (1e-6, 1.0)
+    if not (isinstance(decades, (int, float)) and 0 < decades < 300):
+        raise ValueError(f"plot_ramachandran: expected decades in (0, 300), got {decades!r}")
+    vmax = max(float(h.max()) for _, h in hists) or 1.0
+    vmin = vmax * 10.0 ** (-decades)
     figure = new_figure(4.0 * len(hists) + 0.8, 3.8)
     extent = (-math.pi, math.pi, -math.pi, math.pi)
     image = None
     for k, (name, h) in enumerate(hists):
         ax = figure.add_subplot(1, len(hists), k + 1)
-        masked = torch.where(h > 0, h, torch.tensor(math.nan, dtype=h.dtype)).T.numpy()
+        masked = torch.where(h >= vmin, h, torch.tensor(math.nan, dtype=h.dtype)).T.numpy()
         image = ax.imshow(
             masked, origin="lower", extent=extent, norm=LogNorm(vmin, vmax), cmap="viridis", aspect="equal"
         )
