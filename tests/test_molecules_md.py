@@ -1,4 +1,4 @@
-"""Reference-data tools: MBAR on a 1-D harmonic toy with exact free energies; OpenMM MD and ``flows data`` (CI-sized)."""
+"""Reference-data tools: MBAR on a 1-D harmonic toy with exact free energies; OpenMM MD and ``flows data``."""
 
 from __future__ import annotations
 

@@ -128,8 +128,8 @@ def _md(args: argparse.Namespace) -> int:
         target, target.positions0, args.frames, spacing=spacing, step_fs=args.step_fs, friction=args.friction,
         equilibration=equilibration, hydrogen_mass=3.0 if args.hmr else None, seed=args.seed,
     )  # fmt: skip
-    n_train = int(round(split[0] * len(x)))
-    n_val = int(round(split[1] * len(x)))
+    n_train = round(split[0] * len(x))
+    n_val = round(split[1] * len(x))
     cuts = {"train": (0, n_train), "val": (n_train, n_train + n_val), "test": (n_train + n_val, len(x))}
     arrays: dict[str, Any] = {}
     for name, (lo, hi) in cuts.items():
@@ -163,9 +163,13 @@ def _umbrella(args: argparse.Namespace) -> int:
     centres = -math.pi + 2 * math.pi * torch.arange(args.windows, dtype=torch.float64) / args.windows
     start = int(torch.argmin((centres - target.phi_psi(target.positions0)[0]).abs()))
     order = torch.cat([torch.arange(start, args.windows), torch.arange(0, start)])  # sweep upwards from the start
+    spacing, equilibration = (
+        _steps(args, args.spacing_ps, "spacing"),
+        _steps(args, args.equilibration_ps, "equilibration"),
+    )
     run = umbrella_sampling(
         target, PHI_ATOMS, centres[order], args.force_constant, target.positions0, args.frames_per_window,
-        spacing=_steps(args, args.spacing_ps, "spacing"), equilibration=_steps(args, args.equilibration_ps, "equilibration"),
+        spacing=spacing, equilibration=equilibration,
         step_fs=args.step_fs, friction=args.friction, hydrogen_mass=3.0 if args.hmr else None, seed=args.seed,
     )  # fmt: skip
     window = order[run["window"]]

@@ -160,12 +160,12 @@ def _start(context: Any, target: OpenMMTarget, positions: Tensor, minimize: bool
 
 
 def torsion_bias_energy(torsion: Tensor, centres: Tensor, force_constant_kT: float) -> Tensor:
-    r"""Reduced bias energies :math:`\tfrac12 k\, d(\phi_n, c_i)^2` ``(windows, N)`` with the wrapped difference :math:`d`.
+    r"""Reduced bias energies :math:`\tfrac12 k\, d(\phi_n, c_i)^2`, shape ``(windows, N)``, :math:`d` wrapped.
 
     Example:
         >>> import math, torch
-        >>> torsion_bias_energy(torch.tensor([3.0]), torch.tensor([-3.0]), 2.0).tolist()  # d = 2π - 6
-        [[0.08014...]]
+        >>> round(torsion_bias_energy(torch.tensor([3.0]), torch.tensor([-3.0]), 2.0).item(), 4)  # d = 6 - 2π
+        0.0802
     """
     d = torch.remainder(torsion[None, :] - centres[:, None] + math.pi, 2 * math.pi) - math.pi
     return 0.5 * force_constant_kT * d.square()
