@@ -26,6 +26,8 @@ from pathlib import Path
 import torch
 
 import flows
+import flows.metrics
+import flows.plot
 from flows.metrics.importance import kish_ess
 from flows.targets import AlanineDipeptide
 from flows.train import PrintMetrics, Trainer
@@ -54,11 +56,8 @@ def parse(argv: list[str] | None) -> argparse.Namespace:
 
 def histogram_kl(reference: torch.Tensor, model: torch.Tensor, weights: torch.Tensor | None = None) -> float:
     """KL(reference || model) of φ histograms: 200 bins on [-π, π], ε = 1e-10 (FAB's convention)."""
-    edges = torch.linspace(-math.pi, math.pi, 201, dtype=torch.float64)
-    p = torch.histogram(reference.double(), edges)[0]
-    q = torch.histogram(model.double(), edges, weight=None if weights is None else weights.double())[0]
-    p, q = p / p.sum() + 1e-10, q / q.sum() + 1e-10
-    return float((p * (p / q).log()).sum())
+    log_w = None if weights is None else weights.double().log()
+    return flows.metrics.histogram_kl(reference, model, log_w=log_w, bins=200)
 
 
 def train(flow: flows.Flow, data: torch.Tensor, args: argparse.Namespace) -> tuple[int, float]:
@@ -96,23 +95,10 @@ def evaluate(flow, ic, target, test: torch.Tensor, args: argparse.Namespace) -> 
 
 
 def ramachandran(target, test: torch.Tensor, x: torch.Tensor, w: torch.Tensor, path: Path) -> None:
-    import matplotlib
-
-    matplotlib.use("Agg")
-    import matplotlib.pyplot as plt
-
-    panels = [("MD test frames", test, None), ("flow samples", x, None), ("reweighted flow samples", x, w)]
-    fig, axes = plt.subplots(1, 3, figsize=(13, 4.2), sharey=True)
-    for ax, (title, pos, weight) in zip(axes, panels, strict=True):
-        ang = target.phi_psi(pos).numpy()
-        box = [[-math.pi, math.pi]] * 2
-        ax.hist2d(ang[:, 0], ang[:, 1], bins=100, range=box, weights=weight, cmin=1e-12, norm="log")
-        ax.set_title(title)
-        ax.set_xlabel("φ (rad)")
-    axes[0].set_ylabel("ψ (rad)")
-    fig.tight_layout()
-    fig.savefig(path, dpi=110)
-    plt.close(fig)
+    """MD test frames, flow samples and reweighted flow samples side by side (100×100 bins, log colour)."""
+    angles = target.phi_psi(x)
+    panels = [("MD test frames", target.phi_psi(test), None), ("flow samples", angles, None)]
+    flows.plot.plot_ramachandran([*panels, ("reweighted flow samples", angles, w.double().log())], path)
 
 
 def main(argv: list[str] | None = None) -> dict[str, float]:

@@ -15,6 +15,7 @@ from collections.abc import Callable
 import pytest
 import torch
 
+import flows
 import flows.targets as targets_module
 from flows import IAF, MAF, NICE, NSF, ActNorm, ActNorm2d, Flow, Invertible1x1Conv, LULinear, RealNVP, StandardNormal
 from flows.architectures.continuous import FFJORD
@@ -53,6 +54,7 @@ TARGETS = {
     "MullerBrown": MullerBrown,
     "PhiFour": lambda: PhiFour(3, dims=2),
     "TemperedEnergy": lambda: TemperedEnergy(DoubleWell(), 2.0),
+    "TransformedTarget": lambda: targets_module.TransformedTarget(DoubleWell(), flows.Affine(2)),
 }
 # the protocol, the base classes and the adapter
 ABSTRACT_TARGETS = {"Energy", "EnergyTarget", "ParticleSystem", "ProtocolTarget", "as_target"}

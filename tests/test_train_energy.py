@@ -129,7 +129,7 @@ def test_bad_arguments() -> None:
         ForwardKL(target)(_gaussian_flow(2), {"x": 1})
     with pytest.raises(ValueError, match="vector events"):
         SharedBlocks(Chain(Affine((2, 2))), blocks=2)
-    with pytest.raises(ValueError, match="blocks >= 1"):
+    with pytest.raises(ValueError, match="blocks to be an int >= 1"):
         SharedBlocks(Affine(2), blocks=0)
 
 

@@ -15,6 +15,7 @@ COMMANDS: dict[str, str] = {
     "sample": "sample:sample",
     "check": "check:check",
     "models": "models:models",
+    "data": "data:data",
 }
 
 

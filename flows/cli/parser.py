@@ -45,7 +45,9 @@ def _parser() -> argparse.ArgumentParser:
     sub = parser.add_subparsers(dest="command", metavar="COMMAND")
     sub.required = True
 
-    for add in (_fit_options, _eval_options, _sample_options, _check_options, _models_options):
+    from flows.cli.data import add_data_parser
+
+    for add in (_fit_options, _eval_options, _sample_options, _check_options, _models_options, add_data_parser):
         add(sub)
     return parser
 

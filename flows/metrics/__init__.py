@@ -20,13 +20,16 @@ from flows.metrics.mcmc import (
     sliced_wasserstein,
     split_rhat,
 )
+from flows.metrics.molecules import StateFreeEnergy, histogram_kl, state_free_energy, torsion_periodic_distance
 
 __all__ = [
     "FreeEnergyProfile",
+    "StateFreeEnergy",
     "acceptance_rate",
     "bits_per_dim",
     "effective_sample_size",
     "free_energy_profile",
+    "histogram_kl",
     "integrated_autocorr_time",
     "kish_ess",
     "log_importance_weights",
@@ -37,5 +40,7 @@ __all__ = [
     "sample_log_weights",
     "sliced_wasserstein",
     "split_rhat",
+    "state_free_energy",
+    "torsion_periodic_distance",
     "tweedie_denoise",
 ]

@@ -7,6 +7,7 @@ state, no display needed) and, given ``path``, also saves it.
 from flows.plot.density import plot_corner, plot_density_2d
 from flows.plot.images import plot_image_grid
 from flows.plot.mcmc import plot_chain_pairs, plot_trace
+from flows.plot.molecules import plot_ramachandran
 from flows.plot.particles import plot_particle_histograms
 from flows.plot.training import plot_history
 
@@ -17,5 +18,6 @@ __all__ = [
     "plot_history",
     "plot_image_grid",
     "plot_particle_histograms",
+    "plot_ramachandran",
     "plot_trace",
 ]

@@ -15,6 +15,7 @@ from flows.targets.mixtures import Gaussian, GaussianMixture
 from flows.targets.openmm import OpenMMTarget
 from flows.targets.particles import DW4, LJ13, ParticleSystem
 from flows.targets.toy import Banana, Funnel
+from flows.targets.transformed import TransformedTarget
 from flows.targets.wells import DoubleWell, ManyWell, MullerBrown
 
 __all__ = [
@@ -36,5 +37,6 @@ __all__ = [
     "PhiFour",
     "ProtocolTarget",
     "TemperedEnergy",
+    "TransformedTarget",
     "as_target",
 ]

@@ -53,6 +53,7 @@ __all__ = [
     "ReverseKL",
     "annealed_temperature",
     "forward_kl_loss",
+    "linlog_energy",
     "reverse_kl_loss",
 ]
 
@@ -91,7 +92,28 @@ def annealed_temperature(progress: float, *, start: float = 4.0, end: float = 1.
     return start ** (1 - s) * end**s
 
 
-def reverse_kl_loss(flow: Flow, target: EnergyTarget, n: int, *, temperature: float = 1.0) -> tuple[Tensor, Tensor]:
+def linlog_energy(u: Tensor, cut: float) -> Tensor:
+    r"""Energy regularisation for training: :math:`u` below the cut :math:`c`, :math:`c + \log(1 + u - c)` above.
+
+    FAB's "linlogcut" (Midgley et al. 2023).
+
+    Keeps the gradients of rare high-energy samples (overlapping atoms of a molecule) finite while
+    leaving :math:`u` exact where it matters. The excess is capped at :math:`10^{30}`, so a sample
+    of infinite energy (coinciding atoms) counts :math:`c + \log(1 + 10^{30})` with a zero gradient
+    instead of making the loss infinite.
+
+    Example:
+        >>> import torch
+        >>> [round(v, 4) for v in linlog_energy(torch.tensor([1.0, 11.0]), 10.0).tolist()]
+        [1.0, 10.6931]
+    """
+    excess = (u - cut).clamp(min=0.0, max=1e30)
+    return torch.where(u > cut, cut + torch.log1p(excess), u)
+
+
+def reverse_kl_loss(
+    flow: Flow, target: EnergyTarget, n: int, *, temperature: float = 1.0, energy_cut: float | None = None
+) -> tuple[Tensor, Tensor]:
     r"""Reverse-KL (energy) loss :math:`\frac1n \sum_i [\log q(x_i) + u(x_i)/T]` on ``n`` reparameterised samples.
 
     Args:
@@ -99,6 +121,8 @@ def reverse_kl_loss(flow: Flow, target: EnergyTarget, n: int, *, temperature: fl
         target: the energy :math:`u`.
         n: number of samples.
         temperature: :math:`T`; the loss targets :math:`e^{-u/T}`.
+        energy_cut: if given, the loss uses :func:`linlog_energy` of :math:`u/T` above this value
+            (the returned log weights stay exact).
 
     Returns:
         ``(loss, log_w)``: the scalar loss and the detached log importance weights
@@ -118,7 +142,9 @@ def reverse_kl_loss(flow: Flow, target: EnergyTarget, n: int, *, temperature: fl
     x, log_q = flow.sample_and_log_prob((n,))
     energy = target.energy(x) / temperature
     log_w = -(energy + log_q)
-    return -log_w.mean(), log_w.detach()
+    if energy_cut is None:
+        return -log_w.mean(), log_w.detach()
+    return (linlog_energy(energy, float(energy_cut)) + log_q).mean(), log_w.detach()
 
 
 def forward_kl_loss(flow: Flow, x: Tensor, *, log_w: Tensor | None = None) -> Tensor:
@@ -156,6 +182,8 @@ class ReverseKL(Objective):
         temperature: :math:`T` (a plain attribute: change it between steps to anneal).
         eval_samples: samples drawn by :meth:`evaluate`.
         eval_seed: seed of those samples.
+        energy_cut: train on :func:`linlog_energy` of :math:`u/T` above this value (``None``:
+            the exact energy); metrics and :meth:`evaluate` use the exact energy.
 
     Example:
         >>> import torch
@@ -178,7 +206,11 @@ class ReverseKL(Objective):
         temperature: float = 1.0,
         eval_samples: int = 10_000,
         eval_seed: int = 0,
+        energy_cut: float | None = None,
     ) -> None:
+        if energy_cut is not None and not (isinstance(energy_cut, (int, float)) and math.isfinite(energy_cut)):
+            raise ValueError(f"ReverseKL: expected a finite energy_cut or None, got {energy_cut!r}")
+        self.energy_cut = energy_cut
         target = as_target(target, "ReverseKL")
         if not isinstance(batch_size, int) or batch_size < 1 or not isinstance(eval_samples, int) or eval_samples < 2:
             raise ValueError(
@@ -188,7 +220,9 @@ class ReverseKL(Objective):
         self.temperature = _check_temperature(temperature, "ReverseKL")
 
     def __call__(self, model: nn.Module, batch: object = None) -> tuple[Tensor, dict[str, Tensor]]:
-        loss, log_w = reverse_kl_loss(model, self.target, self.batch_size, temperature=self.temperature)
+        loss, log_w = reverse_kl_loss(
+            model, self.target, self.batch_size, temperature=self.temperature, energy_cut=self.energy_cut
+        )
         log_z, _ = log_z_estimate(log_w)
         return loss, {"ess": kish_ess(log_w), "log_z": log_z}
 

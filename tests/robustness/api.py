@@ -501,6 +501,7 @@ def _target_recipes() -> dict[str, Callable[[], object]]:
         "GaussianMixture": lambda: targets.GaussianMixture(torch.tensor([[-2.0, 0.0], [2.0, 0.0]])),
         "InterpolatedEnergy": lambda: targets.InterpolatedEnergy(targets.Gaussian(2), targets.DoubleWell(), 0.5),
         "TemperedEnergy": lambda: targets.TemperedEnergy(targets.DoubleWell(), 2.0),
+        "TransformedTarget": lambda: targets.TransformedTarget(targets.DoubleWell(), _affine(2)),
         "PhiFour": lambda: targets.PhiFour(4),
         "OpenMMTarget": lambda: targets.OpenMMTarget(targets.AlanineDipeptide().system, 300.0),
     }
@@ -508,6 +509,12 @@ def _target_recipes() -> dict[str, Callable[[], object]]:
 
 # the protocol, the base classes and the adapter
 _ABSTRACT_TARGETS = {"Energy", "EnergyTarget", "ParticleSystem", "ProtocolTarget", "as_target"}
+
+
+def _affine(features: int):
+    from flows import Affine
+
+    return Affine(features)
 
 
 def _make_target(name: str):
