@@ -125,17 +125,7 @@ class Trainer:
         find_unused_parameters: bool = False,
         compile: bool | dict[str, Any] = False,
     ) -> None:
-        if not isinstance(model, nn.Module):
-            raise TypeError(f"Trainer: expected an nn.Module as model, got {type(model).__name__}")
-        if scheduler_interval not in ("epoch", "step"):
-            raise ValueError(f"Trainer: expected scheduler_interval 'epoch' or 'step', got {scheduler_interval!r}")
-        if clip_grad_norm is not None and not clip_grad_norm > 0:
-            raise ValueError(f"Trainer: expected clip_grad_norm > 0 or None, got {clip_grad_norm}")
-        for cb in callbacks:
-            if not isinstance(cb, Callback):
-                raise TypeError(f"Trainer: expected Callback instances, got {type(cb).__name__}")
-        if compile is not False:
-            compile_options(compile)  # refuse bad options before anything is built
+        _check_arguments(model, scheduler_interval, clip_grad_norm, callbacks, compile)
         self.model = model
         self._parallel: nn.Module | None = None  # the DDP module of a multi-process run
         self.objective = objective if objective is not None else MaximumLikelihood()
@@ -160,6 +150,14 @@ class Trainer:
         self.checkpoint_every = checkpoint_every
         self.checkpoint_every_steps = checkpoint_every_steps
         self.config, self.info = config, dict(info or {})
+        self._start_counters()
+        self.rank, self.world_size = get_rank(), get_world_size()
+        self.device = next((p.device for p in model.parameters()), torch.device("cpu"))
+        self._params = params
+        self._forward = self._build_forward(find_unused_parameters, compile)
+
+    def _start_counters(self) -> None:
+        """The history, counters and stop flags of a new run."""
         self.history = History()
         self.epoch = 0  # completed epochs
         self.epoch_step = 0  # steps done in the current epoch
@@ -170,17 +168,22 @@ class Trainer:
         self.epochs_target: int | None = None
         self._epoch_sums: dict[str, float] = {}
         self._epoch_count = 0
-        self.rank, self.world_size = get_rank(), get_world_size()
-        self.device = next((p.device for p in model.parameters()), torch.device("cpu"))
-        self._params = params
-        # The step's call into the objective: objective(model, batch) itself, through DDP in a
-        # multi-process run (its module's forward is that call) and torch.compile when asked for.
-        self._forward: Callable[[object], ObjectiveOutput] = self._call_objective
+
+    def _build_forward(
+        self, find_unused_parameters: bool, compile: bool | dict[str, Any]
+    ) -> Callable[[object], ObjectiveOutput]:
+        """The step's call into the objective.
+
+        ``objective(model, batch)`` itself, through DDP in a multi-process run (its module's forward
+        is that call) and ``torch.compile`` when asked for.
+        """
+        forward: Callable[[object], ObjectiveOutput] = self._call_objective
         if self.world_size > 1:
-            self._parallel = ObjectiveModule(model, self._objective).parallel(self.device, find_unused_parameters)
-            self._forward = self._parallel
+            self._parallel = ObjectiveModule(self.model, self._objective).parallel(self.device, find_unused_parameters)
+            forward = self._parallel
         if compile is not False:
-            self._forward = CompiledForward(self._forward, compile)
+            forward = CompiledForward(forward, compile)
+        return forward
 
     # -- properties ------------------------------------------------------------------------------
     @property
@@ -631,6 +634,23 @@ class Trainer:
             else:
                 metrics = evaluate(self.model, batches)
         return all_reduce_weighted_mean(metrics, float(count), self.device)
+
+
+def _check_arguments(
+    model: object, scheduler_interval: str, clip_grad_norm: float | None, callbacks: Sequence[object], compile: object
+) -> None:
+    """Refuse the :class:`Trainer` arguments that are wrong before anything is built."""
+    if not isinstance(model, nn.Module):
+        raise TypeError(f"Trainer: expected an nn.Module as model, got {type(model).__name__}")
+    if scheduler_interval not in ("epoch", "step"):
+        raise ValueError(f"Trainer: expected scheduler_interval 'epoch' or 'step', got {scheduler_interval!r}")
+    if clip_grad_norm is not None and not clip_grad_norm > 0:
+        raise ValueError(f"Trainer: expected clip_grad_norm > 0 or None, got {clip_grad_norm}")
+    for cb in callbacks:
+        if not isinstance(cb, Callback):
+            raise TypeError(f"Trainer: expected Callback instances, got {type(cb).__name__}")
+    if compile is not False:
+        compile_options(compile)  # refuse bad options before anything is built
 
 
 @dataclass
