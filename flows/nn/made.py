@@ -245,6 +245,45 @@ class MADE(nn.Module):
         device = device or weight0.device
         batch_shape = torch.Size(batch_shape)
         n, d, p = batch_shape.numel(), self.in_features, self.params_per_feature
+        weights, biases, by_order, below, first, pre0 = self._solve_plan(batch_shape, context)
+        widths = [w.shape[0] for w in weights[:-1]]
+        solved = _Solved(torch.is_grad_enabled(), n, d, widths, dtype, device, weight0)
+        for t in range(d):
+            for layer in range(len(widths)):
+                lo, hi = below[layer][t], below[layer][t + 1]
+                if hi == lo:
+                    continue
+                if layer == 0:
+                    pre = pre0[:, lo:hi]
+                    if t:
+                        pre = torch.addmm(pre, solved.known(t), first[lo:hi, :t].t())
+                else:
+                    end = below[layer - 1][t + 1]  # previous-layer units of degree <= t - 1
+                    inputs = solved.activations(layer - 1, end)
+                    pre = torch.addmm(biases[layer][lo:hi], inputs, weights[layer][lo:hi, :end].t())
+                    if self.residual:  # equal degrees in every layer: the same slice of the stream
+                        pre = pre + solved.stream(layer - 1, lo, hi)
+                solved.add_units(layer, lo, hi, pre, self.activation(pre))
+            i = by_order[t]
+            rows = list(range(i, p * d, d))  # the P outputs of feature i (parameter-major layout)
+            end = below[-1][t + 1]  # last-layer units of degree < t
+            params = torch.addmm(
+                biases[-1][rows], solved.activations(len(widths) - 1, end), weights[-1][rows, :end].t()
+            )
+            solved.add_value(t, step(i, params.reshape(*batch_shape, p)).reshape(n, 1))
+        return solved.inputs()[:, self.order.tolist()].reshape(*batch_shape, d)
+
+    def _solve_plan(
+        self, batch_shape: torch.Size, context: Tensor | None
+    ) -> tuple[list[Tensor], list[Tensor], list[int], list[list[int]], Tensor, Tensor]:
+        """What :meth:`solve` reads at every step: masked weights, biases, order, degree ranges, ``W_1 [0, c] + b_1``.
+
+        Returns ``(weights, biases, by_order, below, first, pre0)``: ``by_order[t]`` is the feature of
+        order ``t``; ``below[l][t]`` the number of units of hidden layer ``l`` with degree ``< t - 1``;
+        ``first`` the input columns of the first layer in the autoregressive order; ``pre0`` the
+        first layer's pre-activation before any input is known, ``(n, width)``.
+        """
+        n, d = batch_shape.numel(), self.in_features
         weights = [layer.weight * mask for layer, mask in zip(self.layers, self.masks(), strict=True)]
         biases = [layer.bias for layer in self.layers]
         order = self.order.tolist()
@@ -260,53 +299,59 @@ class MADE(nn.Module):
         if self.context_features:
             c = context.expand(*batch_shape, self.context_features).reshape(n, self.context_features)
             pre0 = torch.addmm(biases[0], c, weights[0][:, d:].t())
-        record = torch.is_grad_enabled()  # autograd: build by concatenation; otherwise fill buffers in place
-        widths = [w.shape[0] for w in weights[:-1]]
+        return weights, biases, by_order, below, first, pre0
+
+
+class _Solved:
+    """The inputs and hidden units :meth:`MADE.solve` has computed so far, ``n`` rows each.
+
+    While autograd records they are lists of pieces joined by concatenation (differentiable);
+    otherwise preallocated buffers filled in place.
+    """
+
+    def __init__(
+        self, record: bool, n: int, d: int, widths: list[int], dtype: torch.dtype, device: torch.device, like: Tensor
+    ) -> None:
+        self.record, self.n, self.like = record, n, like
         if record:
-            values: list[Tensor] = []
-            acts: list[list[Tensor]] = [[] for _ in widths]
-            pres: list[list[Tensor]] = [[] for _ in widths]
+            self.values: list[Tensor] = []
+            self.acts: list[list[Tensor]] = [[] for _ in widths]
+            self.pres: list[list[Tensor]] = [[] for _ in widths]
         else:
-            solved = torch.empty(n, d, dtype=dtype, device=device)
-            act_buf = [torch.empty(n, w, dtype=dtype, device=device) for w in widths]
-            pre_buf = [torch.empty(n, w, dtype=dtype, device=device) for w in widths]
+            self.solved = torch.empty(n, d, dtype=dtype, device=device)
+            self.act_buf = [torch.empty(n, w, dtype=dtype, device=device) for w in widths]
+            self.pre_buf = [torch.empty(n, w, dtype=dtype, device=device) for w in widths]
 
-        def activations(layer: int, end: int) -> Tensor:
-            if record:
-                return torch.cat(acts[layer], dim=1) if acts[layer] else weight0.new_zeros(n, 0)
-            return act_buf[layer][:, :end]
+    def known(self, t: int) -> Tensor:
+        """The ``t`` inputs solved so far, in the autoregressive order, ``(n, t)``."""
+        return torch.cat(self.values, dim=1) if self.record else self.solved[:, :t]
 
-        for t in range(d):
-            for layer in range(len(widths)):
-                lo, hi = below[layer][t], below[layer][t + 1]
-                if hi == lo:
-                    continue
-                if layer == 0:
-                    pre = pre0[:, lo:hi]
-                    if t:
-                        known = torch.cat(values, dim=1) if record else solved[:, :t]
-                        pre = torch.addmm(pre, known, first[lo:hi, :t].t())
-                else:
-                    end = below[layer - 1][t + 1]  # previous-layer units of degree <= t - 1
-                    inputs = activations(layer - 1, end)
-                    pre = torch.addmm(biases[layer][lo:hi], inputs, weights[layer][lo:hi, :end].t())
-                    if self.residual:  # equal degrees in every layer: the same slice of the stream
-                        pre = pre + (pres[layer - 1][-1] if record else pre_buf[layer - 1][:, lo:hi])
-                out = self.activation(pre)
-                if record:
-                    acts[layer].append(out)
-                    pres[layer].append(pre)
-                else:
-                    act_buf[layer][:, lo:hi] = out
-                    pre_buf[layer][:, lo:hi] = pre
-            i = by_order[t]
-            rows = list(range(i, p * d, d))  # the P outputs of feature i (parameter-major layout)
-            end = below[-1][t + 1]  # last-layer units of degree < t
-            params = torch.addmm(biases[-1][rows], activations(len(widths) - 1, end), weights[-1][rows, :end].t())
-            x_i = step(i, params.reshape(*batch_shape, p)).reshape(n, 1)
-            if record:
-                values.append(x_i)
-            else:
-                solved[:, t : t + 1] = x_i
-        x = torch.cat(values, dim=1) if record else solved
-        return x[:, order].reshape(*batch_shape, d)
+    def activations(self, layer: int, end: int) -> Tensor:
+        """The first ``end`` activations of hidden layer ``layer`` (all that are computed), ``(n, end)``."""
+        if self.record:
+            return torch.cat(self.acts[layer], dim=1) if self.acts[layer] else self.like.new_zeros(self.n, 0)
+        return self.act_buf[layer][:, :end]
+
+    def stream(self, layer: int, lo: int, hi: int) -> Tensor:
+        """The pre-activations ``[lo, hi)`` of hidden layer ``layer`` (the last ones computed): the residual stream."""
+        return self.pres[layer][-1] if self.record else self.pre_buf[layer][:, lo:hi]
+
+    def add_units(self, layer: int, lo: int, hi: int, pre: Tensor, out: Tensor) -> None:
+        """Keep the pre-activations and activations of the units ``[lo, hi)`` of hidden layer ``layer``."""
+        if self.record:
+            self.acts[layer].append(out)
+            self.pres[layer].append(pre)
+        else:
+            self.act_buf[layer][:, lo:hi] = out
+            self.pre_buf[layer][:, lo:hi] = pre
+
+    def add_value(self, t: int, x_i: Tensor) -> None:
+        """Keep the input of order ``t``, ``(n, 1)``."""
+        if self.record:
+            self.values.append(x_i)
+        else:
+            self.solved[:, t : t + 1] = x_i
+
+    def inputs(self) -> Tensor:
+        """All solved inputs in the autoregressive order, ``(n, D)``."""
+        return torch.cat(self.values, dim=1) if self.record else self.solved

@@ -16,6 +16,7 @@ import math
 import os
 import time
 from collections.abc import Callable, Iterable, Sequence
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
@@ -124,17 +125,7 @@ class Trainer:
         find_unused_parameters: bool = False,
         compile: bool | dict[str, Any] = False,
     ) -> None:
-        if not isinstance(model, nn.Module):
-            raise TypeError(f"Trainer: expected an nn.Module as model, got {type(model).__name__}")
-        if scheduler_interval not in ("epoch", "step"):
-            raise ValueError(f"Trainer: expected scheduler_interval 'epoch' or 'step', got {scheduler_interval!r}")
-        if clip_grad_norm is not None and not clip_grad_norm > 0:
-            raise ValueError(f"Trainer: expected clip_grad_norm > 0 or None, got {clip_grad_norm}")
-        for cb in callbacks:
-            if not isinstance(cb, Callback):
-                raise TypeError(f"Trainer: expected Callback instances, got {type(cb).__name__}")
-        if compile is not False:
-            compile_options(compile)  # refuse bad options before anything is built
+        _check_arguments(model, scheduler_interval, clip_grad_norm, callbacks, compile)
         self.model = model
         self._parallel: nn.Module | None = None  # the DDP module of a multi-process run
         self.objective = objective if objective is not None else MaximumLikelihood()
@@ -159,6 +150,14 @@ class Trainer:
         self.checkpoint_every = checkpoint_every
         self.checkpoint_every_steps = checkpoint_every_steps
         self.config, self.info = config, dict(info or {})
+        self._start_counters()
+        self.rank, self.world_size = get_rank(), get_world_size()
+        self.device = next((p.device for p in model.parameters()), torch.device("cpu"))
+        self._params = params
+        self._forward = self._build_forward(find_unused_parameters, compile)
+
+    def _start_counters(self) -> None:
+        """The history, counters and stop flags of a new run."""
         self.history = History()
         self.epoch = 0  # completed epochs
         self.epoch_step = 0  # steps done in the current epoch
@@ -169,17 +168,22 @@ class Trainer:
         self.epochs_target: int | None = None
         self._epoch_sums: dict[str, float] = {}
         self._epoch_count = 0
-        self.rank, self.world_size = get_rank(), get_world_size()
-        self.device = next((p.device for p in model.parameters()), torch.device("cpu"))
-        self._params = params
-        # The step's call into the objective: objective(model, batch) itself, through DDP in a
-        # multi-process run (its module's forward is that call) and torch.compile when asked for.
-        self._forward: Callable[[object], ObjectiveOutput] = self._call_objective
+
+    def _build_forward(
+        self, find_unused_parameters: bool, compile: bool | dict[str, Any]
+    ) -> Callable[[object], ObjectiveOutput]:
+        """The step's call into the objective.
+
+        ``objective(model, batch)`` itself, through DDP in a multi-process run (its module's forward
+        is that call) and ``torch.compile`` when asked for.
+        """
+        forward: Callable[[object], ObjectiveOutput] = self._call_objective
         if self.world_size > 1:
-            self._parallel = ObjectiveModule(model, self._objective).parallel(self.device, find_unused_parameters)
-            self._forward = self._parallel
+            self._parallel = ObjectiveModule(self.model, self._objective).parallel(self.device, find_unused_parameters)
+            forward = self._parallel
         if compile is not False:
-            self._forward = CompiledForward(self._forward, compile)
+            forward = CompiledForward(forward, compile)
+        return forward
 
     # -- properties ------------------------------------------------------------------------------
     @property
@@ -376,11 +380,8 @@ class Trainer:
         self.epochs_target = epochs
         self.should_stop = False
         self.interrupted = None
-        session_start = time.perf_counter()
-        elapsed_before = self.elapsed
-        last_save = time.perf_counter()
-        saved = False  # the first checkpoint of a session comes early (see _checkpoint_due)
-        bar = progress_bar(self.progress, self.is_main_process, epochs, per_epoch, max_steps, self.step)
+        session = _Session(start=time.perf_counter(), elapsed_before=self.elapsed, last_save=time.perf_counter())
+        session.bar = progress_bar(self.progress, self.is_main_process, epochs, per_epoch, max_steps, self.step)
         if not self.model.training:  # submodules a user put in eval mode on a training model stay so
             self.model.train()
         if self.guard is not None:
@@ -391,65 +392,96 @@ class Trainer:
         stack = contextlib.ExitStack()
         try:
             stack.enter_context(stop_on_signals(self))
-            stack.enter_context(bar_output(bar))  # logs and warnings above the bar
+            stack.enter_context(bar_output(session.bar))  # logs and warnings above the bar
             while stop_reason is None:
                 if epochs is not None and self.epoch >= epochs:
                     stop_reason = "epochs"
                     break
-                if self.epoch_step == 0:
-                    for cb in self.callbacks:
-                        cb.on_epoch_start(self)
-                finished_epoch = True
-                served = 0
-                for batch in epoch_batches(loader, self.epoch, self.epoch_step, steps_per_epoch, self.device):
-                    served += 1
-                    metrics = self._step(batch)
-                    self.epoch_step += 1
-                    self.elapsed = elapsed_before + time.perf_counter() - session_start
-                    for cb in self.callbacks:
-                        cb.on_step_end(self, metrics)
-                    if bar is not None:
-                        bar.update(1)
-                        if self.step % 25 == 0:
-                            bar.set_postfix(loss=f"{metrics['loss']:.4g}", refresh=False)
-                    want_stop = (max_steps is not None and self.step >= max_steps) or (
-                        time_budget is not None and self.elapsed >= time_budget
-                    )
-                    if self._agree(want_stop or self.should_stop):
-                        stop_reason = "callback" if self.should_stop else "budget"
-                        finished_epoch = per_epoch is not None and self.epoch_step >= per_epoch
-                        break
-                    if self.checkpoint is not None and (
-                        self._checkpoint_due(time.perf_counter() - last_save, saved)
-                        or (self.checkpoint_every_steps and self.step % self.checkpoint_every_steps == 0)
-                    ):
-                        self.save()
-                        last_save, saved = time.perf_counter(), True
-                if served == 0 and self.epoch_step == 0:
-                    raise ValueError(
-                        "Trainer.fit: the training data yielded no batch in an epoch (fewer samples than processes, "
-                        "or drop_last with fewer samples than batch_size)"
-                    )
-                if finished_epoch:
-                    self.epoch += 1
-                    self.epoch_step = 0
-                fraction = None if finished_epoch else (self.epoch_step / per_epoch if per_epoch else 0.0)
-                self._end_epoch(validation, fraction)
-                if self.should_stop and stop_reason is None:
-                    stop_reason = "callback"
-                if self.checkpoint is not None and (
-                    not saved or self._checkpoint_due(time.perf_counter() - last_save, saved)
-                ):  # the first checkpoint of a session at the latest after its first epoch
-                    self.save()
-                    last_save, saved = time.perf_counter(), True
+                stop_reason = self._epoch(
+                    loader, validation, session, per_epoch, max_steps, time_budget, steps_per_epoch
+                )
         finally:
             stack.close()
-            if bar is not None:
-                bar.close()
+            if session.bar is not None:
+                session.bar.close()
         if self.checkpoint is not None:  # the exact training state, before callbacks restore best weights
             self.save()
         for cb in self.callbacks:
             cb.on_fit_end(self)
+
+    def _epoch(
+        self,
+        loader: Any,
+        validation: Any,
+        session: _Session,
+        per_epoch: int | None,
+        max_steps: int | None,
+        time_budget: float | None,
+        steps_per_epoch: int | None,
+    ) -> str | None:
+        """The rest of the current epoch (or until a stop), then its end; returns why training stops, if it does."""
+        if self.epoch_step == 0:
+            for cb in self.callbacks:
+                cb.on_epoch_start(self)
+        stop_reason, finished_epoch, served = self._epoch_steps(
+            loader, session, per_epoch, max_steps, time_budget, steps_per_epoch
+        )
+        if served == 0 and self.epoch_step == 0:
+            raise ValueError(
+                "Trainer.fit: the training data yielded no batch in an epoch (fewer samples than processes, "
+                "or drop_last with fewer samples than batch_size)"
+            )
+        if finished_epoch:
+            self.epoch += 1
+            self.epoch_step = 0
+        fraction = None if finished_epoch else (self.epoch_step / per_epoch if per_epoch else 0.0)
+        self._end_epoch(validation, fraction)
+        if self.should_stop and stop_reason is None:
+            stop_reason = "callback"
+        if self.checkpoint is not None and (
+            not session.saved or self._checkpoint_due(time.perf_counter() - session.last_save, session.saved)
+        ):  # the first checkpoint of a session at the latest after its first epoch
+            self.save()
+            session.last_save, session.saved = time.perf_counter(), True
+        return stop_reason
+
+    def _epoch_steps(
+        self,
+        loader: Any,
+        session: _Session,
+        per_epoch: int | None,
+        max_steps: int | None,
+        time_budget: float | None,
+        steps_per_epoch: int | None,
+    ) -> tuple[str | None, bool, int]:
+        """The steps of the current epoch until it ends or a stop: ``(stop reason, epoch finished, batches served)``."""
+        stop_reason, finished_epoch, served = None, True, 0
+        bar = session.bar
+        for batch in epoch_batches(loader, self.epoch, self.epoch_step, steps_per_epoch, self.device):
+            served += 1
+            metrics = self._step(batch)
+            self.epoch_step += 1
+            self.elapsed = session.elapsed_before + time.perf_counter() - session.start
+            for cb in self.callbacks:
+                cb.on_step_end(self, metrics)
+            if bar is not None:
+                bar.update(1)
+                if self.step % 25 == 0:
+                    bar.set_postfix(loss=f"{metrics['loss']:.4g}", refresh=False)
+            want_stop = (max_steps is not None and self.step >= max_steps) or (
+                time_budget is not None and self.elapsed >= time_budget
+            )
+            if self._agree(want_stop or self.should_stop):
+                stop_reason = "callback" if self.should_stop else "budget"
+                finished_epoch = per_epoch is not None and self.epoch_step >= per_epoch
+                break
+            if self.checkpoint is not None and (
+                self._checkpoint_due(time.perf_counter() - session.last_save, session.saved)
+                or (self.checkpoint_every_steps and self.step % self.checkpoint_every_steps == 0)
+            ):
+                self.save()
+                session.last_save, session.saved = time.perf_counter(), True
+        return stop_reason, finished_epoch, served
 
     def _checkpoint_due(self, since_last: float, saved: bool) -> bool:
         """Whether ``since_last`` seconds since the last save call for a checkpoint.
@@ -602,6 +634,34 @@ class Trainer:
             else:
                 metrics = evaluate(self.model, batches)
         return all_reduce_weighted_mean(metrics, float(count), self.device)
+
+
+def _check_arguments(
+    model: object, scheduler_interval: str, clip_grad_norm: float | None, callbacks: Sequence[object], compile: object
+) -> None:
+    """Refuse the :class:`Trainer` arguments that are wrong before anything is built."""
+    if not isinstance(model, nn.Module):
+        raise TypeError(f"Trainer: expected an nn.Module as model, got {type(model).__name__}")
+    if scheduler_interval not in ("epoch", "step"):
+        raise ValueError(f"Trainer: expected scheduler_interval 'epoch' or 'step', got {scheduler_interval!r}")
+    if clip_grad_norm is not None and not clip_grad_norm > 0:
+        raise ValueError(f"Trainer: expected clip_grad_norm > 0 or None, got {clip_grad_norm}")
+    for cb in callbacks:
+        if not isinstance(cb, Callback):
+            raise TypeError(f"Trainer: expected Callback instances, got {type(cb).__name__}")
+    if compile is not False:
+        compile_options(compile)  # refuse bad options before anything is built
+
+
+@dataclass
+class _Session:
+    """The clocks of one :meth:`Trainer.fit` call (a session of a possibly resumed run) and its progress bar."""
+
+    start: float  # time.perf_counter() when the session started
+    elapsed_before: float  # training seconds of the run before this session
+    last_save: float  # time.perf_counter() of the last checkpoint (the start, before the first)
+    saved: bool = False  # the first checkpoint of a session comes early (see Trainer._checkpoint_due)
+    bar: Any = None  # the tqdm bar, or None
 
 
 def default_optimizer(params: Iterable[nn.Parameter], lr: float = 1e-3) -> Optimizer:
