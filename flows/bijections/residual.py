@@ -74,7 +74,10 @@ class LipSwish(nn.Module):
         return x * torch.sigmoid(F.softplus(self.raw_beta) * x) / 1.1
 
     def value_and_derivative(self, x: Tensor) -> tuple[Tensor, Tensor]:
-        r"""The activation and its derivative :math:`(s + \beta x s (1 - s)) / 1.1`, :math:`s = \sigma(\beta x)`, both differentiable."""
+        r"""The activation and its derivative :math:`(s + \beta x s (1 - s)) / 1.1`, :math:`s = \sigma(\beta x)`.
+
+        Both are differentiable (the structured log-det estimators build on the derivative).
+        """
         beta = F.softplus(self.raw_beta)
         s = torch.sigmoid(beta * x)
         return x * s / 1.1, (s + beta * x * s * (1 - s)) / 1.1
@@ -125,6 +128,13 @@ class SpectralLinear(nn.Module):
         self.train_iter = train_iter
         self._power_iteration(self.max_iter, store=True)  # converged at construction
 
+    def _apply(self, fn, *args, **kwargs):
+        """After a dtype or device change, converge the warm start again at the new precision."""
+        out = super()._apply(fn, *args, **kwargs)
+        if self.weight.is_floating_point() and self.weight.device.type != "meta":
+            self._power_iteration(self.max_iter, store=True)
+        return out
+
     @torch.no_grad()
     def _power_iteration(self, limit: int | None = None, *, store: bool | None = None) -> tuple[Tensor, Tensor]:
         w = self.weight.detach()
@@ -135,9 +145,9 @@ class SpectralLinear(nn.Module):
         if limit is None:
             limit = self.train_iter if self.training else self.max_iter
         for _ in range(limit):
-            v = w.T @ u
+            v = self._adjoint(w, u)
             v = v / torch.linalg.vector_norm(v).clamp_min(tiny)
-            wv = w @ v
+            wv = self._operator(w, v)
             norm = torch.linalg.vector_norm(wv)
             u = wv / norm.clamp_min(tiny)
             new = float(norm)  # = uᵀ W v
@@ -152,8 +162,18 @@ class SpectralLinear(nn.Module):
     def normalized_weight(self) -> Tensor:
         r""":math:`W \min(1, c / \hat\sigma)`, differentiable in :math:`W`."""
         u, v = self._power_iteration()
-        sigma = u @ self.weight @ v
+        sigma = (u * self._operator(self.weight, v)).sum()
         return self.weight * torch.clamp(self.coefficient / sigma, max=1.0)
+
+    @staticmethod
+    def _operator(weight: Tensor, v: Tensor) -> Tensor:
+        """The linear map whose spectral norm is bounded, applied to one vector: :math:`W v`."""
+        return weight @ v
+
+    @staticmethod
+    def _adjoint(weight: Tensor, u: Tensor) -> Tensor:
+        r"""Its adjoint: :math:`W^\top u`."""
+        return weight.T @ u
 
     def apply(self, x: Tensor, weight: Tensor, context: Tensor | None = None) -> Tensor:
         """The layer with a given (normalised) weight: :math:`W x + b` (+ the context block)."""
@@ -241,7 +261,9 @@ def structured_roulette_log_det(
     exact_terms: int = 2,
     p: float = 0.5,
 ) -> tuple[Tensor, Tensor]:
-    r""":func:`roulette_log_det` for a branch :math:`g = W_L \circ \phi \circ \dots \circ \phi \circ W_1` of known layers, without autograd loops.
+    r""":func:`roulette_log_det` for a branch of known layers, without autograd loops.
+
+    The branch is :math:`g = W_L \circ \phi \circ \dots \circ \phi \circ W_1` (affine layers, LipSwish).
 
     The same estimator (same draws of :math:`N` and :math:`v`, in the same order, so the same value
     to rounding), evaluated from the structure :math:`J_g = W_L D_{L-1} W_{L-1} \cdots D_1 W_1`,
@@ -351,6 +373,14 @@ class ResidualBlock(Bijection):
         self.log_det = log_det
         self.exact_terms = exact_terms
 
+    @property
+    def _event_ndim(self) -> int:
+        return len(self.event_shape)
+
+    @property
+    def _dimension(self) -> int:
+        return math.prod(self.event_shape)
+
     def _branch(self, x: Tensor, context: Tensor | None, weights: list[Tensor]) -> Tensor:
         """:math:`g(x, c)` with given normalised weights (a pure function of ``x``: vmap- and solver-safe)."""
         for i, (layer, w) in enumerate(zip(self.layers, weights, strict=True)):
@@ -359,7 +389,7 @@ class ResidualBlock(Bijection):
         return x
 
     def _use_estimator(self) -> bool:
-        wanted = self.log_det == "roulette" or (self.log_det == "auto" and self.event_shape[0] > _AUTO_EXACT_MAX)
+        wanted = self.log_det == "roulette" or (self.log_det == "auto" and self._dimension > _AUTO_EXACT_MAX)
         return wanted and self.training and torch.is_grad_enabled()
 
     def _branch_and_jacobian(self, x: Tensor, context: Tensor | None, weights: list[Tensor]) -> tuple[Tensor, Tensor]:
@@ -388,7 +418,7 @@ class ResidualBlock(Bijection):
         """``(g(x), log det(I + J_g(x)))``, exact or estimated (see :meth:`_use_estimator`)."""
         if self._use_estimator():
             return structured_roulette_log_det(
-                self.layers, self.activations, weights, x, context, 1, exact_terms=self.exact_terms
+                self.layers, self.activations, weights, x, context, self._event_ndim, exact_terms=self.exact_terms
             )
         return self._exact_log_det(self._branch_and_jacobian(x, context, weights))
 
@@ -399,7 +429,9 @@ class ResidualBlock(Bijection):
 
     def inverse_and_log_det(self, z: Tensor, context: Tensor | None = None) -> tuple[Tensor, Tensor]:
         weights = [layer.normalized_weight() for layer in self.layers]
-        x = fixed_point_inverse(lambda v: self._branch(v, context, weights), z, who="ResidualBlock")
+        x = fixed_point_inverse(
+            lambda v: self._branch(v, context, weights), z, event_ndim=self._event_ndim, who=type(self).__name__
+        )
         return x, -self._log_det(x, context, weights)[1]
 
     def extra_repr(self) -> str:
