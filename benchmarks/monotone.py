@@ -15,12 +15,12 @@ both standardised with the training statistics; float32, one thread, Adam lr 1e-
 
 Protocol: every contender has the same two candidate sizes per data set (``GRID``: MADE widths and
 number of autoregressive layers). Every (contender, candidate) trains for ``--budget`` seconds of
-its own step time; steps are interleaved in turns (the run with the least
-training time so far goes next; a turn is ``--turn`` seconds of steps), so that load from other processes hits all alike. Each contender's
-candidate is **chosen on the validation split**; only the chosen one is evaluated on the test split
-(once). Reported: test NLL (nats, ± its standard error over the test rows), the chosen candidate,
-steps, median step time, median time to draw ``--samples`` samples (``--repeats``), and the step time
-relative to the zuko contender of the same family.
+its own step time; steps are interleaved in turns (the run with the least training time so far
+goes next; a turn is ``--turn`` seconds of steps), so that load from other processes hits all
+alike. Each contender's candidate is **chosen on the validation split**; only the chosen one is
+evaluated on the test split (once). Reported: test NLL (nats, ± its standard error over the test
+rows), the chosen candidate, steps, median step time, median time to draw ``--samples`` samples
+(``--repeats``), and the step time relative to the zuko contender of the same family.
 
     python benchmarks/monotone.py --budget 15 --data moons
     python benchmarks/monotone.py --budget 20 --data digits --samples 20 --repeats 1
