@@ -145,8 +145,11 @@ class SpectralLinear(nn.Module):
         if limit is None:
             limit = self.train_iter if self.training else self.max_iter
         for _ in range(limit):
-            v = self._adjoint(w, u)
-            v = v / torch.linalg.vector_norm(v).clamp_min(tiny)
+            v_new = self._adjoint(w, u)
+            v_norm = float(torch.linalg.vector_norm(v_new))
+            if v_norm <= tiny:  # W = 0 (a zero-initialised layer): keep the unit vectors, σ̂ = 0
+                break
+            v = v_new / v_norm
             wv = self._operator(w, v)
             norm = torch.linalg.vector_norm(wv)
             u = wv / norm.clamp_min(tiny)
@@ -163,7 +166,9 @@ class SpectralLinear(nn.Module):
         r""":math:`W \min(1, c / \hat\sigma)`, differentiable in :math:`W`."""
         u, v = self._power_iteration()
         sigma = (u * self._operator(self.weight, v)).sum()
-        return self.weight * torch.clamp(self.coefficient / sigma, max=1.0)
+        return self.weight * (
+            self.coefficient / torch.clamp(sigma, min=self.coefficient)
+        )  # = min(1, c/σ̂), finite at σ̂ = 0
 
     @staticmethod
     def _operator(weight: Tensor, v: Tensor) -> Tensor:
