@@ -161,12 +161,18 @@ class _Run:
     @torch.no_grad()
     def evaluate(self, test: torch.Tensor) -> dict[str, float]:
         nll, se = self.nll(test)
-        sampling = []
+        sampling, failure = [], ""
         for _ in range(self.repeats):
             start = time.perf_counter()
-            self.sample(self.sample_size)
+            try:
+                self.sample(self.sample_size)
+            except Exception as error:  # a failed inverse is a result to report, not a crash of the table
+                failure = f"sampling failed: {type(error).__name__}: {str(error)[:100]}"
+                sampling.append(float("nan"))
+                break
             sampling.append(time.perf_counter() - start)
         return {
+            "failure": failure,
             "candidate": self.candidate,
             "nll": nll,
             "se": se,
@@ -205,7 +211,7 @@ def _benchmark(data: str, args: argparse.Namespace) -> dict[str, dict[str, float
         nll = f"{r['nll']:.3f} ± {r['se']:.3f}"
         val_text = ", ".join(f"{k} {v:.3f}" for k, v in r["val"].items())
         line = f"{name:<12} {nll:>18} {r['candidate']:>7} {r['steps']:>6} {r['step_ms']:>8.2f} {ratio:>8}"
-        print(f"{line} {r['sample_ms']:>10.1f}  {val_text}")
+        print(f"{line} {r['sample_ms']:>10.1f}  {val_text}  {r['failure']}".rstrip())
     return results
 
 
