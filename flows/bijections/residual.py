@@ -129,9 +129,14 @@ class SpectralLinear(nn.Module):
         self._power_iteration(self.max_iter, store=True)  # converged at construction
 
     def _apply(self, fn, *args, **kwargs):
-        """After a dtype or device change, converge the warm start again at the new precision."""
+        """After a dtype change, converge the warm start again at the new precision.
+
+        Only a change of dtype: a no-op ``.to()`` (``load_model`` moves the loaded model to its
+        device) must leave the loaded buffers, and so the loaded density, exactly as saved.
+        """
+        dtype = self.weight.dtype
         out = super()._apply(fn, *args, **kwargs)
-        if self.weight.is_floating_point() and self.weight.device.type != "meta":
+        if self.weight.dtype != dtype and self.weight.is_floating_point() and self.weight.device.type != "meta":
             self._power_iteration(self.max_iter, store=True)
         return out
 
