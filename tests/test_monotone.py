@@ -95,7 +95,7 @@ def test_wrong_parameter_width_is_refused() -> None:
 @pytest.mark.parametrize(
     ("make", "message"),
     [
-        (lambda: DeepSigmoidTransformer(0), "expected hidden to be an int >= 1, got 0"),
+        (lambda: DeepSigmoidTransformer(0), "expected sigmoids to be an int >= 1, got 0"),
         (lambda: SOSPolynomialTransformer(2, 0), "expected squares to be an int >= 1, got 0"),
         (lambda: BernsteinTransformer(3, bound=-1.0), "expected bound to be a finite number > 0"),
         (lambda: UMNNTransformer(2, nodes=7), "expected an even number of nodes"),

@@ -6,7 +6,7 @@ import pytest
 import torch
 
 import flows
-from flows.bijections.residual import LipSwish
+from flows.bijections.residual import LipSwish, roulette_log_det, structured_roulette_log_det
 
 
 def _block(features: int = 4, **options) -> flows.ResidualBlock:
@@ -118,3 +118,107 @@ def test_residual_flow_trains_with_the_estimator_in_high_dimension() -> None:
     optimizer.step()
     assert torch.isfinite(loss)
     assert any(not torch.equal(b, p) for b, p in zip(before, flow.parameters(), strict=True))
+
+
+def _pair(block, x: torch.Tensor, event_ndim: int, seed: int) -> tuple[torch.Tensor, tuple[torch.Tensor, ...]]:
+    """The autograd-loop and the structured estimator from the same draws: values and gradients."""
+    weights = [layer.normalized_weight() for layer in block.layers]
+    inputs = [x, *block.parameters()]
+    out = []
+    for structured in (False, True):
+        torch.manual_seed(seed)
+        if structured:
+            gx, ladj = structured_roulette_log_det(block.layers, block.activations, weights, x, None, event_ndim)
+        else:
+            gx, ladj = roulette_log_det(lambda v: block._branch(v, None, weights), x, event_ndim)
+        grads = torch.autograd.grad(ladj.sum() + gx.sum(), inputs, retain_graph=True, allow_unused=True)
+        out.append((ladj, grads))
+    return out
+
+
+@pytest.mark.parametrize(
+    ("make", "shape"),
+    [
+        (lambda: flows.ResidualBlock(6, hidden=(16, 16), coefficient=0.9), (5, 6)),
+        (lambda: flows.ConvResidualBlock((2, 4, 4), hidden=(4, 4), coefficient=0.9), (3, 2, 4, 4)),
+    ],
+)
+def test_the_structured_estimator_is_the_autograd_estimator(make, shape) -> None:
+    """Same draws of N and v: the structured evaluation gives the same estimate and Neumann gradient."""
+    torch.manual_seed(0)
+    block = make().double().train()
+    x = torch.randn(shape, dtype=torch.float64, requires_grad=True)
+    for seed in range(3):
+        (ladj_loop, grads_loop), (ladj_fast, grads_fast) = _pair(block, x, len(block.event_shape), seed)
+        torch.testing.assert_close(ladj_fast, ladj_loop, atol=1e-12, rtol=1e-12)
+        for a, b in zip(grads_loop, grads_fast, strict=True):
+            assert (a is None) == (b is None)
+            if a is not None:
+                torch.testing.assert_close(b, a, atol=1e-12, rtol=1e-12)
+
+
+def test_conv_block_respects_the_operator_norm_bound() -> None:
+    """The bound is on the convolution operator of the grid (its matrix's largest singular value)."""
+    torch.manual_seed(0)
+    block = flows.ConvResidualBlock((1, 3, 3), hidden=(3,), coefficient=0.8, max_iter=5000).double().eval()
+    with torch.no_grad():
+        for layer in block.layers:
+            layer.weight.mul_(4.0)
+            layer._power_iteration(5000, store=True)
+    for layer in block.layers:
+        w = layer.normalized_weight().detach()
+        basis = torch.eye(layer.v.numel(), dtype=torch.float64).reshape(-1, *layer.v.shape)
+        matrix = layer.tangent(basis, w).reshape(layer.v.numel(), -1)
+        assert torch.linalg.matrix_norm(matrix, ord=2).item() == pytest.approx(0.8, rel=1e-6)
+
+
+def test_image_residual_flow_log_prob_is_exact_and_samples_invert() -> None:
+    torch.manual_seed(0)
+    flow = flows.ResidualFlow((1, 4, 4), transforms=2, hidden=(4,)).double().eval()
+    x = torch.rand(3, 1, 4, 4, dtype=torch.float64)
+    log_p = flow.log_prob(x)
+    jac = torch.autograd.functional.jacobian(lambda v: flow.transform(v.reshape(1, 1, 4, 4))[0], x[0].reshape(-1))
+    expected = flow.base.log_prob(flow.transform(x[:1]))[0] + torch.linalg.slogdet(jac).logabsdet
+    torch.testing.assert_close(log_p[0], expected, atol=1e-8, rtol=1e-8)
+    samples, log_q = flow.sample_and_log_prob((2,))
+    assert samples.shape == (2, 1, 4, 4)
+    torch.testing.assert_close(log_q, flow.log_prob(samples), atol=1e-7, rtol=1e-7)
+
+
+def test_image_residual_flow_trains_with_the_estimator() -> None:
+    torch.manual_seed(1)
+    flow = flows.ResidualFlow((1, 8, 8), transforms=1, hidden=(8,))
+    block = next(m for m in flow.modules() if isinstance(m, flows.ConvResidualBlock))
+    assert block._use_estimator()  # 4 x 4 x 4 = 64 > 16
+    loss = -flow.log_prob(torch.rand(16, 1, 8, 8)).mean()
+    loss.backward()
+    assert torch.isfinite(loss) and all(p.grad is not None for p in block.parameters())
+
+
+@pytest.mark.parametrize(
+    ("build", "message"),
+    [
+        (
+            lambda: flows.ResidualFlow((1, 4, 4), 2),
+            r"^ResidualFlow: image residual blocks take no context, got context=2",
+        ),
+        (lambda: flows.ResidualFlow((1, 5, 4)), r"^ResidualFlow: squeeze=True needs an even height and width, got 5×4"),
+        (lambda: flows.ResidualFlow((1, 4)), r"^ResidualFlow: expected features to be an int or an image shape"),
+        (lambda: flows.ResidualFlow(3, squeeze=True), r"^ResidualFlow: squeeze is an image option"),
+        (lambda: flows.ResidualFlow(3, kernel_sizes=(3, 3)), r"^ResidualFlow: kernel_sizes is an image option"),
+        (lambda: flows.ResidualFlow((1, 4, 4), hidden=(4, 0)), r"^ResidualFlow: expected hidden to be positive int"),
+        (lambda: flows.ResidualFlow((1, 4, 4), transforms=0), r"^ResidualFlow: expected transforms to be an int >= 1"),
+        (
+            lambda: flows.ResidualFlow((1, 4, 4), hidden=(4,), kernel_sizes=(3, 2)),
+            r"^ConvResidualBlock: expected kernel_sizes to be 2 odd positive ints",
+        ),
+        (
+            lambda: flows.ConvResidualBlock((1, 4, 4), hidden=()),
+            r"^ConvResidualBlock: expected hidden to be a non-empty",
+        ),
+        (lambda: flows.ConvResidualBlock((4, 4)), r"^ConvResidualBlock: expected an image shape \(C, H, W\)"),
+    ],
+)
+def test_image_builder_arguments_name_what_was_expected(build, message: str) -> None:
+    with pytest.raises(ValueError, match=message):
+        build()

@@ -9,14 +9,17 @@ References:
 from __future__ import annotations
 
 from collections.abc import Sequence
+from typing import Any
 
 from torch import Tensor
 
-from flows._validation import check_builder
+from flows._validation import check_builder, check_count, check_hidden
 from flows.architectures.registry import register
 from flows.bijections.base import Bijection, Chain
-from flows.bijections.normalization import ActNorm
+from flows.bijections.multiscale import Flatten, Squeeze
+from flows.bijections.normalization import ActNorm, ActNorm2d
 from flows.bijections.residual import ResidualBlock
+from flows.bijections.residual_conv import ConvResidualBlock
 from flows.bijections.standardize import Standardize
 from flows.distributions import StandardNormal
 from flows.flow import Flow
@@ -26,7 +29,7 @@ __all__ = ["ResidualFlow"]
 
 @register
 class ResidualFlow(Flow):
-    r"""Residual flow for vectors: blocks :math:`x \mapsto x + g_l(x)` with :math:`\operatorname{Lip}(g_l) < 1`.
+    r"""Residual flow for vectors or images: blocks :math:`x \mapsto x + g_l(x)`, :math:`\operatorname{Lip}(g_l) < 1`.
 
     Every block is a :class:`~flows.bijections.residual.ResidualBlock` (spectrally normalised
     MLP with LipSwish activations), optionally preceded by an
@@ -35,18 +38,28 @@ class ResidualFlow(Flow):
     estimator with the Neumann-series gradient for ``D > 16`` (``log_det="auto"``), or as chosen.
     Sampling inverts each block by fixed-point iteration (implicit gradients).
 
+    With an image shape ``features=(C, H, W)`` the flow is a **single-scale convolutional
+    i-ResNet**: a :class:`~flows.bijections.multiscale.Squeeze` (``squeeze=True``, the default for
+    images: ``(4C, H/2, W/2)``), then ``transforms`` × [:class:`~flows.bijections.normalization.ActNorm2d`,
+    :class:`~flows.bijections.residual_conv.ConvResidualBlock`] (``hidden`` are channel counts,
+    ``kernel_sizes`` default 3-1-…-3), and a :class:`~flows.bijections.multiscale.Flatten` onto a
+    standard normal of ``C·H·W`` entries. Chen et al.'s multi-scale architecture (factoring out
+    half the channels per level) is not built; image blocks take no context.
+
     References:
         Behrmann et al. (2019), arXiv:1811.00995. Chen et al. (2019), arXiv:1906.02735.
 
     Args:
-        features: data dimension ``D``.
-        context: context width (0 for an unconditional flow).
+        features: data dimension ``D``, or an image shape ``(C, H, W)``.
+        context: context width (0 for an unconditional flow; images: 0 only).
         transforms: number of residual blocks.
-        hidden: hidden widths of each block's network (at least one layer).
+        hidden: hidden widths of each block's network (at least one layer); channel counts for images.
         coefficient: spectral-norm bound of every linear layer, in ``(0, 1)``.
         log_det: ``"auto"``, ``"exact"`` or ``"roulette"`` (see
             :class:`~flows.bijections.residual.ResidualBlock`).
-        actnorm: an ActNorm before every block.
+        actnorm: an ActNorm (ActNorm2d for images) before every block.
+        squeeze: images only: a space-to-depth squeeze first (default ``True`` for images).
+        kernel_sizes: images only: odd kernel sizes of each block's convolutions, ``len(hidden) + 1``.
         standardize: data ``(N, D)`` or a fitted :class:`~flows.bijections.Standardize` layer put in
             front of the flow (see :class:`~flows.flow.Flow`).
 
@@ -56,11 +69,18 @@ class ResidualFlow(Flow):
         >>> x = torch.randn(5, 2)
         >>> flow.log_prob(x).shape, flow.sample((3,)).shape
         (torch.Size([5]), torch.Size([3, 2]))
+        >>> images = ResidualFlow((1, 4, 4), transforms=1, hidden=(8,))
+        >>> images.log_prob(torch.rand(2, 1, 4, 4)).shape, images.sample((3,)).shape
+        (torch.Size([2]), torch.Size([3, 1, 4, 4]))
+
+    Raises:
+        ValueError, TypeError: for a bad argument, an image context, an image that cannot be
+            squeezed, or an image-only option (``squeeze``, ``kernel_sizes``) for vectors.
     """
 
     def __init__(
         self,
-        features: int,
+        features: int | Sequence[int],
         context: int = 0,
         *,
         transforms: int = 4,
@@ -68,8 +88,18 @@ class ResidualFlow(Flow):
         coefficient: float = 0.97,
         log_det: str = "auto",
         actnorm: bool = True,
+        squeeze: bool | None = None,
+        kernel_sizes: Sequence[int] | None = None,
         standardize: Tensor | Standardize | None = None,
     ) -> None:
+        if isinstance(features, Sequence) and not isinstance(features, str):
+            options = {"coefficient": coefficient, "log_det": log_det, "kernel_sizes": kernel_sizes}
+            chain, size = _image_chain(features, context, transforms, hidden, actnorm, squeeze, options)
+            super().__init__(chain, StandardNormal(size), standardize=standardize)
+            return
+        for name, value in (("squeeze", squeeze), ("kernel_sizes", kernel_sizes)):
+            if value is not None:
+                raise ValueError(f"ResidualFlow: {name} is an image option (features=(C, H, W)), got {name}={value!r}")
         check_builder("ResidualFlow", features, context, transforms=transforms, hidden=hidden, minimum_layers=1)
         layers: list[Bijection] = []
         for _ in range(transforms):
@@ -79,3 +109,29 @@ class ResidualFlow(Flow):
                 ResidualBlock(features, context, hidden=tuple(hidden), coefficient=coefficient, log_det=log_det)
             )
         super().__init__(Chain(*layers), StandardNormal(features), context=context, standardize=standardize)
+
+
+def _image_chain(
+    shape: Sequence[int], context: Any, transforms: Any, hidden: Any, actnorm: bool, squeeze: bool | None, options: dict
+) -> tuple[Chain, int]:
+    """The single-scale convolutional chain for ``ResidualFlow((C, H, W), ...)`` and its latent size."""
+    shape = tuple(shape)
+    if len(shape) != 3 or not all(isinstance(s, int) and not isinstance(s, bool) and s >= 1 for s in shape):
+        raise ValueError(f"ResidualFlow: expected features to be an int or an image shape (C, H, W), got {shape!r}")
+    if context != 0:
+        raise ValueError(f"ResidualFlow: image residual blocks take no context, got context={context!r}")
+    check_count("ResidualFlow", "transforms", transforms)
+    hidden = check_hidden("ResidualFlow", hidden, minimum_layers=1)
+    c, h, w = shape
+    layers: list[Bijection] = []
+    if squeeze is None or squeeze:
+        if h % 2 or w % 2:
+            raise ValueError(f"ResidualFlow: squeeze=True needs an even height and width, got {h}×{w}")
+        layers.append(Squeeze(c))
+        c, h, w = 4 * c, h // 2, w // 2
+    for _ in range(transforms):
+        if actnorm:
+            layers.append(ActNorm2d(c))
+        layers.append(ConvResidualBlock((c, h, w), hidden=hidden, **options))
+    layers.append(Flatten((c, h, w)))
+    return Chain(*layers), c * h * w

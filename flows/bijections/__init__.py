@@ -30,6 +30,7 @@ from flows.bijections.patchify import Patchify
 from flows.bijections.permutation import Permutation, Reverse
 from flows.bijections.planar import Planar, Radial, Sylvester
 from flows.bijections.residual import LipSwish, ResidualBlock, SpectralLinear, roulette_log_det
+from flows.bijections.residual_conv import ConvResidualBlock, SpectralConv2d
 from flows.bijections.splines import RationalQuadraticSpline
 from flows.bijections.standardize import Standardize
 from flows.bijections.stochastic import HMCBlock, LangevinBlock, MetropolisBlock, StochasticBlock
@@ -55,6 +56,7 @@ __all__ = [
     "CirculantDiagonal2d",
     "CircularRationalQuadraticSpline",
     "CircularShift",
+    "ConvResidualBlock",
     "Coupling",
     "DeepSigmoidTransformer",
     "EIWShuffle",
@@ -91,6 +93,7 @@ __all__ = [
     "SVDLinear",
     "SharedBlocks",
     "Sigmoid",
+    "SpectralConv2d",
     "SpectralLinear",
     "Split",
     "Squeeze",

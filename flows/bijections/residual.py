@@ -45,7 +45,7 @@ from torch import Tensor, nn
 from flows.bijections.base import Bijection
 from flows.bijections.numerical_inverse import fixed_point_inverse
 
-__all__ = ["LipSwish", "ResidualBlock", "SpectralLinear", "roulette_log_det"]
+__all__ = ["LipSwish", "ResidualBlock", "SpectralLinear", "roulette_log_det", "structured_roulette_log_det"]
 
 _LOG_DET_CHOICES = ("auto", "exact", "roulette")
 _AUTO_EXACT_MAX = 16  # "auto": exact log-determinant up to this many features
@@ -72,6 +72,15 @@ class LipSwish(nn.Module):
 
     def forward(self, x: Tensor) -> Tensor:
         return x * torch.sigmoid(F.softplus(self.raw_beta) * x) / 1.1
+
+    def value_and_derivative(self, x: Tensor) -> tuple[Tensor, Tensor]:
+        r"""The activation and its derivative :math:`(s + \beta x s (1 - s)) / 1.1`, :math:`s = \sigma(\beta x)`.
+
+        Both are differentiable (the structured log-det estimators build on the derivative).
+        """
+        beta = F.softplus(self.raw_beta)
+        s = torch.sigmoid(beta * x)
+        return x * s / 1.1, (s + beta * x * s * (1 - s)) / 1.1
 
 
 class SpectralLinear(nn.Module):
@@ -119,19 +128,38 @@ class SpectralLinear(nn.Module):
         self.train_iter = train_iter
         self._power_iteration(self.max_iter, store=True)  # converged at construction
 
+    def _apply(self, fn, *args, **kwargs):
+        """After a dtype change, converge the warm start again at the new precision.
+
+        Only a change of dtype: a no-op ``.to()`` (``load_model`` moves the loaded model to its
+        device) must leave the loaded buffers, and so the loaded density, exactly as saved.
+        """
+        dtype = self.weight.dtype
+        out = super()._apply(fn, *args, **kwargs)
+        if self.weight.dtype != dtype and self.weight.is_floating_point() and self.weight.device.type != "meta":
+            self._power_iteration(self.max_iter, store=True)
+        return out
+
     @torch.no_grad()
     def _power_iteration(self, limit: int | None = None, *, store: bool | None = None) -> tuple[Tensor, Tensor]:
         w = self.weight.detach()
         u, v = self.u.to(w), self.v.to(w)
         tol = 1e-12 if w.dtype == torch.float64 else 1e-6
+        tiny = torch.finfo(w.dtype).tiny
         sigma = None
         if limit is None:
             limit = self.train_iter if self.training else self.max_iter
         for _ in range(limit):
-            v = F.normalize(w.T @ u, dim=0)
-            u = F.normalize(w @ v, dim=0)
-            new = u @ w @ v
-            if sigma is not None and (new - sigma).abs() <= tol * new.abs():
+            v_new = self._adjoint(w, u)
+            v_norm = float(torch.linalg.vector_norm(v_new))
+            if v_norm <= tiny:  # W = 0 (a zero-initialised layer): keep the unit vectors, σ̂ = 0
+                break
+            v = v_new / v_norm
+            wv = self._operator(w, v)
+            norm = torch.linalg.vector_norm(wv)
+            u = wv / norm.clamp_min(tiny)
+            new = float(norm)  # = uᵀ W v
+            if sigma is not None and abs(new - sigma) <= tol * new:
                 break
             sigma = new
         if self.training if store is None else store:  # warm start; evaluation stays a pure function of the state
@@ -142,8 +170,37 @@ class SpectralLinear(nn.Module):
     def normalized_weight(self) -> Tensor:
         r""":math:`W \min(1, c / \hat\sigma)`, differentiable in :math:`W`."""
         u, v = self._power_iteration()
-        sigma = u @ self.weight @ v
-        return self.weight * torch.clamp(self.coefficient / sigma, max=1.0)
+        sigma = (u * self._operator(self.weight, v)).sum()
+        return self.weight * (
+            self.coefficient / torch.clamp(sigma, min=self.coefficient)
+        )  # = min(1, c/σ̂), finite at σ̂ = 0
+
+    @staticmethod
+    def _operator(weight: Tensor, v: Tensor) -> Tensor:
+        """The linear map whose spectral norm is bounded, applied to one vector: :math:`W v`."""
+        return weight @ v
+
+    @staticmethod
+    def _adjoint(weight: Tensor, u: Tensor) -> Tensor:
+        r"""Its adjoint: :math:`W^\top u`."""
+        return weight.T @ u
+
+    def apply(self, x: Tensor, weight: Tensor, context: Tensor | None = None) -> Tensor:
+        """The layer with a given (normalised) weight: :math:`W x + b` (+ the context block)."""
+        out = F.linear(x, weight, self.bias)
+        if self.context_weight is not None and context is not None:
+            out = out + F.linear(context, self.context_weight)
+        return out
+
+    @staticmethod
+    def tangent(t: Tensor, weight: Tensor) -> Tensor:
+        """The layer's Jacobian-vector product :math:`W t` (no bias)."""
+        return F.linear(t, weight)
+
+    @staticmethod
+    def transpose(u: Tensor, weight: Tensor) -> Tensor:
+        r"""The layer's vector-Jacobian product :math:`u^\top W`."""
+        return u @ weight
 
     def extra_repr(self) -> str:
         return f"in={self.weight.shape[1]}, out={self.weight.shape[0]}, coefficient={self.coefficient}"
@@ -185,6 +242,75 @@ def roulette_log_det(
     (vjp,) = torch.autograd.grad(gx, x, neumann, create_graph=True)  # wᵀJ, differentiable in x and θ
     surrogate = (vjp * v).sum(dims)
     return gx, value + surrogate - surrogate.detach()
+
+
+def _geometric(p: float) -> int:
+    """One draw of :class:`torch.distributions.Geometric` ``(p)`` (failures before the first success).
+
+    The same draw from the same generator state as ``Geometric(probs=torch.tensor(p)).sample()``
+    (one uniform on ``[tiny, 1)``, then ``floor(log u / log(1 - p))`` in float32), without building a
+    distribution object per call (which costs more than a block's power terms at small sizes).
+    """
+    u = torch.empty((), dtype=torch.float32).uniform_(torch.finfo(torch.float32).tiny, 1)
+    return int((u.log() / torch.tensor(-p, dtype=torch.float32).log1p()).floor())
+
+
+def _survival(k: int, exact_terms: int, p: float) -> float:
+    r""":math:`P(N \ge k)` for :math:`N = n_0 + \operatorname{Geom}(p)`."""
+    return 1.0 if k <= exact_terms else (1 - p) ** (k - exact_terms)
+
+
+def structured_roulette_log_det(
+    layers: Sequence[SpectralLinear],
+    activations: Sequence[LipSwish],
+    weights: Sequence[Tensor],
+    x: Tensor,
+    context: Tensor | None,
+    event_ndim: int,
+    *,
+    exact_terms: int = 2,
+    p: float = 0.5,
+) -> tuple[Tensor, Tensor]:
+    r""":func:`roulette_log_det` for a branch of known layers, without autograd loops.
+
+    The branch is :math:`g = W_L \circ \phi \circ \dots \circ \phi \circ W_1` (affine layers, LipSwish).
+
+    The same estimator (same draws of :math:`N` and :math:`v`, in the same order, so the same value
+    to rounding), evaluated from the structure :math:`J_g = W_L D_{L-1} W_{L-1} \cdots D_1 W_1`,
+    :math:`D_l = \operatorname{diag}\phi'(a_l)`: the :math:`N` power terms :math:`v^\top J^k` are
+    products with the detached :math:`W_l` and :math:`D_l` (no graph, no autograd engine), and the
+    Neumann surrogate :math:`w^\top (J v)` uses the forward tangent :math:`J v` built alongside
+    :math:`g(x)` with a graph, so its gradient is **one ordinary backward pass** (no double backward
+    through a vector-Jacobian product, as in Chen et al.'s implementation and normflows').
+
+    Returns:
+        ``(gx, estimate)`` as :func:`roulette_log_det`.
+    """
+    dims = tuple(range(-event_ndim, 0))
+    n = exact_terms + _geometric(p)
+    v = torch.randn_like(x)
+    h, t, derivatives = x, v, []
+    last = len(layers) - 1
+    for i, (layer, w) in enumerate(zip(layers, weights, strict=True)):
+        h, t = layer.apply(h, w, context), layer.tangent(t, w)
+        if i < last:
+            h, d = activations[i].value_and_derivative(h)
+            t = t * d
+            derivatives.append(d.detach())
+    detached = [w.detach() for w in weights]
+    power = v
+    value = torch.zeros(h.shape[: h.dim() - event_ndim], dtype=x.dtype, device=x.device)
+    neumann = v.clone()
+    with torch.no_grad():
+        for k in range(1, n + 1):
+            for i in range(last, -1, -1):  # vᵀJᵏ = ((vᵀJᵏ⁻¹ W_L) D_{L-1}) W_{L-1} ⋯
+                power = layers[i].transpose(power, detached[i])
+                if i > 0:
+                    power = power * derivatives[i - 1]
+            value = value + (-1) ** (k + 1) / k * (power * v).sum(dims) / _survival(k, exact_terms, p)
+            neumann = neumann + (-1) ** k * power / _survival(k, exact_terms, p)
+    surrogate = (neumann * t).sum(dims)  # wᵀ J v, differentiable in x and θ through the tangent
+    return h, value + surrogate - surrogate.detach()
 
 
 class ResidualBlock(Bijection):
@@ -257,41 +383,54 @@ class ResidualBlock(Bijection):
         self.log_det = log_det
         self.exact_terms = exact_terms
 
+    @property
+    def _event_ndim(self) -> int:
+        return len(self.event_shape)
+
+    @property
+    def _dimension(self) -> int:
+        return math.prod(self.event_shape)
+
     def _branch(self, x: Tensor, context: Tensor | None, weights: list[Tensor]) -> Tensor:
         """:math:`g(x, c)` with given normalised weights (a pure function of ``x``: vmap- and solver-safe)."""
         for i, (layer, w) in enumerate(zip(self.layers, weights, strict=True)):
-            out = F.linear(x, w, layer.bias)
-            if layer.context_weight is not None and context is not None:
-                out = out + F.linear(context, layer.context_weight)
+            out = layer.apply(x, w, context)
             x = self.activations[i](out) if i < len(self.activations) else out
         return x
 
     def _use_estimator(self) -> bool:
-        wanted = self.log_det == "roulette" or (self.log_det == "auto" and self.event_shape[0] > _AUTO_EXACT_MAX)
+        wanted = self.log_det == "roulette" or (self.log_det == "auto" and self._dimension > _AUTO_EXACT_MAX)
         return wanted and self.training and torch.is_grad_enabled()
 
-    def _exact_log_det(self, x: Tensor, context: Tensor | None, weights: list[Tensor]) -> Tensor:
-        r""":math:`\log\det(I + J_g(x))` per sample from the vectorised per-sample Jacobian."""
-        d = self.event_shape[0]
-        batch = x.shape[:-1]
-        flat = x.reshape(-1, d)
-        if context is None:
-            jac = torch.func.vmap(torch.func.jacrev(lambda xi: self._branch(xi, None, weights)))(flat)
-        else:
-            c = context.expand(*batch, context.shape[-1]).reshape(-1, context.shape[-1])
-            jac = torch.func.vmap(torch.func.jacrev(lambda xi, ci: self._branch(xi, ci, weights)))(flat, c)
-        eye = torch.eye(d, dtype=x.dtype, device=x.device)
-        return torch.linalg.slogdet(eye + jac).logabsdet.reshape(batch)
+    def _branch_and_jacobian(self, x: Tensor, context: Tensor | None, weights: list[Tensor]) -> tuple[Tensor, Tensor]:
+        r""":math:`g(x)` and the per-sample Jacobian :math:`W_L D_{L-1} W_{L-1} \cdots D_1 W_1` (``(*batch, D, D)``).
+
+        One pass that carries the Jacobian as a batch of matrices (differentiable), instead of
+        ``D`` vector-Jacobian products.
+        """
+        h, jac = x, None
+        last = len(self.layers) - 1
+        for i, (layer, w) in enumerate(zip(self.layers, weights, strict=True)):
+            h = layer.apply(h, w, context)
+            jac = w if jac is None else w @ jac
+            if i < last:
+                h, d = self.activations[i].value_and_derivative(h)
+                jac = d.unsqueeze(-1) * jac
+        return h, jac.expand(*h.shape, h.shape[-1])
+
+    def _exact_log_det(self, gx_and_jac: tuple[Tensor, Tensor]) -> tuple[Tensor, Tensor]:
+        r"""``(g(x), \log\det(I + J_g(x)))`` from :meth:`_branch_and_jacobian`."""
+        gx, jac = gx_and_jac
+        eye = torch.eye(jac.shape[-1], dtype=jac.dtype, device=jac.device)
+        return gx, torch.linalg.slogdet(eye + jac).logabsdet
 
     def _log_det(self, x: Tensor, context: Tensor | None, weights: list[Tensor]) -> tuple[Tensor, Tensor]:
         """``(g(x), log det(I + J_g(x)))``, exact or estimated (see :meth:`_use_estimator`)."""
         if self._use_estimator():
-            x_in = x if x.requires_grad else x.detach().requires_grad_(True)
-            gx, ladj = roulette_log_det(
-                lambda v: self._branch(v, context, weights), x_in, 1, exact_terms=self.exact_terms
+            return structured_roulette_log_det(
+                self.layers, self.activations, weights, x, context, self._event_ndim, exact_terms=self.exact_terms
             )
-            return gx + (x - x_in), ladj  # same value; gradients reach x only through the graph of x
-        return self._branch(x, context, weights), self._exact_log_det(x, context, weights)
+        return self._exact_log_det(self._branch_and_jacobian(x, context, weights))
 
     def forward_and_log_det(self, x: Tensor, context: Tensor | None = None) -> tuple[Tensor, Tensor]:
         weights = [layer.normalized_weight() for layer in self.layers]
@@ -300,7 +439,9 @@ class ResidualBlock(Bijection):
 
     def inverse_and_log_det(self, z: Tensor, context: Tensor | None = None) -> tuple[Tensor, Tensor]:
         weights = [layer.normalized_weight() for layer in self.layers]
-        x = fixed_point_inverse(lambda v: self._branch(v, context, weights), z, who="ResidualBlock")
+        x = fixed_point_inverse(
+            lambda v: self._branch(v, context, weights), z, event_ndim=self._event_ndim, who=type(self).__name__
+        )
         return x, -self._log_det(x, context, weights)[1]
 
     def extra_repr(self) -> str:

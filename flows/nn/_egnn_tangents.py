@@ -358,7 +358,7 @@ def _contracted_state_tangent(
 
 def _last_reading(field: EGNN, index: int, lprimal: tuple[Tensor, ...]) -> tuple[Tensor, Tensor]:
     r"""The last layer's trace coefficients: :math:`\Lambda^{(k,a)}_j / \Delta_{kj,a}` (``j != k``) and ``j = k``."""
-    n, hid = field.n_particles, field.hidden
+    n, hid = field.n_particles, field.width
     last, lcoord = field.edge[index], field.coord[index]
     ldiff, ld2, la1, la2, _, lc1 = lprimal
     lgrad = preactivation_gradient(last, silu_grad(la1), silu_grad(la2), message_gradient(lcoord, silu_grad(lc1)))
