@@ -91,6 +91,26 @@ def bayes_classifier(
     """
     if isinstance(num_classes, bool) or not isinstance(num_classes, int) or num_classes < 2:
         raise ValueError(f"bayes_classifier: expected num_classes to be an int >= 2, got {num_classes!r}")
+    encoding = _encoding(flow, encoding, num_classes)
+    sigma = _noise_level(flow, noise_std)
+    if isinstance(draws, bool) or not isinstance(draws, int) or draws < 1:
+        raise ValueError(f"bayes_classifier: expected draws to be an int >= 1, got {draws!r}")
+    event = len(getattr(flow, "event_shape", ()))
+    batch = x.shape[: x.dim() - event]
+    contexts = [_class_context(batch, k, num_classes, encoding, x) for k in range(num_classes)]
+    log_p = _class_log_likelihoods(flow, x, contexts, sigma, draws if sigma else 1, generator)
+    if log_prior is not None:
+        log_prior = torch.as_tensor(log_prior, dtype=log_p.dtype, device=log_p.device)
+        if log_prior.shape != (num_classes,) or not torch.isfinite(log_prior).all():
+            raise ValueError(
+                f"bayes_classifier: expected a finite log_prior of shape ({num_classes},), got {tuple(log_prior.shape)}"
+            )
+        log_p = log_p + log_prior.log_softmax(-1)
+    return log_p.log_softmax(-1)
+
+
+def _encoding(flow: nn.Module, encoding: str | None, num_classes: int) -> str:
+    """The class encoding: as given, or inferred from the flow's ``context_features`` (1: index, K: one-hot)."""
     if encoding is None:
         features = getattr(flow, "context_features", None)
         encoding = "index" if features == 1 else "one_hot" if features == num_classes else None
@@ -101,13 +121,13 @@ def bayes_classifier(
             )
     if encoding not in ("index", "one_hot"):
         raise ValueError(f"bayes_classifier: expected encoding in ['index', 'one_hot'], got {encoding!r}")
-    sigma = _noise_level(flow, noise_std)
-    if isinstance(draws, bool) or not isinstance(draws, int) or draws < 1:
-        raise ValueError(f"bayes_classifier: expected draws to be an int >= 1, got {draws!r}")
-    event = len(getattr(flow, "event_shape", ()))
-    batch = x.shape[: x.dim() - event]
-    contexts = [_class_context(batch, k, num_classes, encoding, x) for k in range(num_classes)]
-    rounds = draws if sigma else 1
+    return encoding
+
+
+def _class_log_likelihoods(
+    flow: nn.Module, x: Tensor, contexts: list[Tensor], sigma: float, rounds: int, generator: torch.Generator | None
+) -> Tensor:
+    r""":math:`\log p(x \mid k)` per class, ``(*batch, K)``: the mean over ``rounds`` noise draws (shared)."""
     log_p = 0.0
     for _ in range(rounds):
         y = x
@@ -115,12 +135,4 @@ def bayes_classifier(
             device = generator.device if generator is not None else x.device
             y = x + sigma * torch.randn(x.shape, generator=generator, dtype=x.dtype, device=device).to(x.device)
         log_p = log_p + torch.stack([flow.log_prob(y, context=c) for c in contexts], dim=-1)
-    log_p = log_p / rounds
-    if log_prior is not None:
-        log_prior = torch.as_tensor(log_prior, dtype=log_p.dtype, device=log_p.device)
-        if log_prior.shape != (num_classes,) or not torch.isfinite(log_prior).all():
-            raise ValueError(
-                f"bayes_classifier: expected a finite log_prior of shape ({num_classes},), got {tuple(log_prior.shape)}"
-            )
-        log_p = log_p + log_prior.log_softmax(-1)
-    return log_p.log_softmax(-1)
+    return log_p / rounds

@@ -267,18 +267,7 @@ def effective_sample_size(
     if prob is not None and method not in ("tail", "quantile"):
         raise ValueError(f"effective_sample_size: expected prob only with method 'tail' or 'quantile', got {method!r}")
     if method in ("tail", "quantile"):
-        if method == "quantile" and prob is None:
-            raise ValueError("effective_sample_size: expected a quantile level prob for method 'quantile', got None")
-        if method == "quantile":
-            levels = (prob,)
-        elif prob is None:
-            levels = (0.05, 0.95)
-        elif isinstance(prob, (tuple, list)):
-            levels = tuple(prob)
-        else:
-            levels = (prob, 1 - prob)
-        if not all(isinstance(q, (int, float)) and 0 < q < 1 for q in levels):
-            raise ValueError(f"effective_sample_size: expected quantile levels in (0, 1), got {prob!r}")
+        levels = _quantile_levels(method, prob)
         ess = [
             _ess(_split(below) if split else below)
             for below in ((x <= _pooled_quantile(x, q)).to(x.dtype) for q in levels)
@@ -290,6 +279,23 @@ def effective_sample_size(
     if method == "bulk":
         y = _z_scale(y)
     return _nan_where_nan(_ess(y), x, event)
+
+
+def _quantile_levels(method: str, prob: float | tuple[float, float] | None) -> tuple[float, ...]:
+    """The quantile levels of the ``"tail"`` and ``"quantile"`` ESS methods, checked."""
+    if method == "quantile" and prob is None:
+        raise ValueError("effective_sample_size: expected a quantile level prob for method 'quantile', got None")
+    if method == "quantile":
+        levels = (prob,)
+    elif prob is None:
+        levels = (0.05, 0.95)
+    elif isinstance(prob, (tuple, list)):
+        levels = tuple(prob)
+    else:
+        levels = (prob, 1 - prob)
+    if not all(isinstance(q, (int, float)) and 0 < q < 1 for q in levels):
+        raise ValueError(f"effective_sample_size: expected quantile levels in (0, 1), got {prob!r}")
+    return levels
 
 
 RHAT_METHODS = ("rank", "split", "folded", "z_scale", "identity")

@@ -94,6 +94,29 @@ def plot_density_2d(
     return figure
 
 
+def _range(values: Tensor, reference: Tensor | None) -> tuple[float, float]:
+    """The 0.5 % and 99.5 % quantiles of the values and the reference together: a panel's axis range."""
+    pool = torch.cat([values, reference]) if reference is not None else values
+    return torch.quantile(pool, 0.005).item(), torch.quantile(pool, 0.995).item()
+
+
+def _corner_panel(ax: Any, samples: Tensor, ref: Tensor | None, col: int, row: int, bins: int) -> None:
+    """One panel of a corner plot: the marginal of ``col`` (diagonal) or the pair ``(col, row)`` (below)."""
+    a = samples[:, col]
+    lo, hi = _range(a, ref[:, col] if ref is not None else None)
+    if row == col:
+        if ref is not None:
+            ax.hist(ref[:, col].numpy(), bins=bins, range=(lo, hi), density=True, color="0.6", label="data")
+        ax.hist(a.numpy(), bins=bins, range=(lo, hi), density=True, histtype="step", color="C0", label="model")
+        ax.set_yticks([])
+        return
+    b = samples[:, row]
+    lo_b, hi_b = _range(b, ref[:, row] if ref is not None else None)
+    if ref is not None:
+        ax.scatter(ref[:, col].numpy(), ref[:, row].numpy(), s=1, c="0.6", alpha=0.3, linewidths=0)
+    ax.hist2d(a.numpy(), b.numpy(), bins=bins // 2, range=((lo, hi), (lo_b, hi_b)), cmap="Blues", cmin=1, alpha=0.8)
+
+
 def plot_corner(
     samples: Tensor,
     data: Tensor | None = None,
@@ -142,33 +165,7 @@ def plot_corner(
     for row in range(k):
         for col in range(row + 1):
             ax = figure.add_subplot(k, k, row * k + col + 1)
-            a = samples[:, dims[col]]
-            pool = torch.cat([a, ref[:, dims[col]]]) if ref is not None else a
-            lo, hi = torch.quantile(pool, 0.005).item(), torch.quantile(pool, 0.995).item()
-            if row == col:
-                if ref is not None:
-                    ax.hist(
-                        ref[:, dims[col]].numpy(), bins=bins, range=(lo, hi), density=True, color="0.6", label="data"
-                    )
-                ax.hist(a.numpy(), bins=bins, range=(lo, hi), density=True, histtype="step", color="C0", label="model")
-                ax.set_yticks([])
-            else:
-                b = samples[:, dims[row]]
-                pool_b = torch.cat([b, ref[:, dims[row]]]) if ref is not None else b
-                lo_b, hi_b = torch.quantile(pool_b, 0.005).item(), torch.quantile(pool_b, 0.995).item()
-                if ref is not None:
-                    ax.scatter(
-                        ref[:, dims[col]].numpy(), ref[:, dims[row]].numpy(), s=1, c="0.6", alpha=0.3, linewidths=0
-                    )
-                ax.hist2d(
-                    a.numpy(),
-                    b.numpy(),
-                    bins=bins // 2,
-                    range=((lo, hi), (lo_b, hi_b)),
-                    cmap="Blues",
-                    cmin=1,
-                    alpha=0.8,
-                )
+            _corner_panel(ax, samples, ref, dims[col], dims[row], bins)
             if row == k - 1:
                 ax.set_xlabel(labels[col])
             if col == 0 and row > 0:

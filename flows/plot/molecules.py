@@ -56,24 +56,7 @@ def plot_ramachandran(
 
     if not panels:
         raise ValueError("plot_ramachandran: expected at least one (title, angles, log_w) panel, got none")
-    hists = []
-    for name, angles, log_w in panels:
-        if not isinstance(angles, Tensor) or angles.dim() != 2 or angles.shape[-1] != 2:
-            raise ValueError(
-                f"plot_ramachandran: expected angles (N, 2) for {name!r}, got {getattr(angles, 'shape', angles)}"
-            )
-        angles = angles.detach().double().cpu()
-        if log_w is None:
-            w = torch.full((len(angles),), 1.0 / len(angles), dtype=torch.float64)
-        else:
-            if log_w.shape != angles.shape[:1]:
-                raise ValueError(
-                    f"plot_ramachandran: expected log_w of shape ({len(angles)},) for {name!r}, "
-                    f"got {tuple(log_w.shape)}"
-                )
-            w = torch.softmax(torch.nan_to_num(log_w.detach().double().cpu(), nan=-math.inf), 0)
-        h = torch.histogramdd(angles, bins=[bins, bins], range=[-math.pi, math.pi] * 2, weight=w).hist
-        hists.append((name, h / h.sum().clamp_min(1e-300)))
+    hists = [(name, _histogram(name, angles, log_w, bins)) for name, angles, log_w in panels]
     if not (isinstance(decades, (int, float)) and 0 < decades < 300):
         raise ValueError(f"plot_ramachandran: expected decades in (0, 300), got {decades!r}")
     vmax = max(float(h.max()) for _, h in hists) or 1.0
@@ -96,3 +79,22 @@ def plot_ramachandran(
         figure.suptitle(title)
     save_figure(figure, path, dpi=110)
     return figure
+
+
+def _histogram(name: str, angles: Tensor, log_w: Tensor | None, bins: int) -> Tensor:
+    """The ``bins`` × ``bins`` histogram of one panel's ``(φ, ψ)``, weighted and normalised to sum to 1."""
+    if not isinstance(angles, Tensor) or angles.dim() != 2 or angles.shape[-1] != 2:
+        raise ValueError(
+            f"plot_ramachandran: expected angles (N, 2) for {name!r}, got {getattr(angles, 'shape', angles)}"
+        )
+    angles = angles.detach().double().cpu()
+    if log_w is None:
+        w = torch.full((len(angles),), 1.0 / len(angles), dtype=torch.float64)
+    else:
+        if log_w.shape != angles.shape[:1]:
+            raise ValueError(
+                f"plot_ramachandran: expected log_w of shape ({len(angles)},) for {name!r}, got {tuple(log_w.shape)}"
+            )
+        w = torch.softmax(torch.nan_to_num(log_w.detach().double().cpu(), nan=-math.inf), 0)
+    h = torch.histogramdd(angles, bins=[bins, bins], range=[-math.pi, math.pi] * 2, weight=w).hist
+    return h / h.sum().clamp_min(1e-300)

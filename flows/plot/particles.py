@@ -80,17 +80,7 @@ def plot_particle_histograms(
     )
     for k, (label, ref, flow, limits, per_sample) in enumerate(panels):
         ax = figure.add_subplot(1, 2, k + 1)
-        if limits is None:
-            limits = (min(ref.min().item(), flow.min().item()), max(ref.max().item(), flow.max().item()))
-        style = {"bins": bins, "range": limits, "density": True, "histtype": "step", "linewidth": 1.5}
-        inside = torch.isfinite(flow) & (flow >= limits[0]) & (flow <= limits[1])
-        ax.hist(ref.numpy(), label="reference data", color="black", **style)
-        if inside.any():  # an empty histogram cannot be normalised
-            ax.hist(flow[inside].numpy(), label="flow samples", color="tab:blue", **style)
-        if weights is not None:
-            w = weights.repeat_interleave(per_sample)[inside]
-            if w.sum() > 0:
-                ax.hist(flow[inside].numpy(), weights=w.numpy(), label="reweighted", color="tab:red", **style)
+        _histogram_panel(ax, ref, flow, limits, weights, per_sample, bins)
         ax.set_xlabel(label)
         ax.set_ylabel("density")
         if k == 0:
@@ -99,3 +89,26 @@ def plot_particle_histograms(
         figure.suptitle(title)
     save_figure(figure, path)
     return figure
+
+
+def _histogram_panel(
+    ax: Any,
+    ref: Tensor,
+    flow: Tensor,
+    limits: tuple[float, float] | None,
+    weights: Tensor | None,
+    per_sample: int,
+    bins: int,
+) -> None:
+    """One panel: the reference, the flow samples inside ``limits`` and, with weights, the reweighted samples."""
+    if limits is None:
+        limits = (min(ref.min().item(), flow.min().item()), max(ref.max().item(), flow.max().item()))
+    style = {"bins": bins, "range": limits, "density": True, "histtype": "step", "linewidth": 1.5}
+    inside = torch.isfinite(flow) & (flow >= limits[0]) & (flow <= limits[1])
+    ax.hist(ref.numpy(), label="reference data", color="black", **style)
+    if inside.any():  # an empty histogram cannot be normalised
+        ax.hist(flow[inside].numpy(), label="flow samples", color="tab:blue", **style)
+    if weights is not None:
+        w = weights.repeat_interleave(per_sample)[inside]
+        if w.sum() > 0:
+            ax.hist(flow[inside].numpy(), weights=w.numpy(), label="reweighted", color="tab:red", **style)
