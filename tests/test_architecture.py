@@ -22,6 +22,7 @@ PACKAGE = Path(__file__).resolve().parents[1] / "flows"
 LAYERS: dict[str, int] = {
     # 0: cross-cutting helpers, below everything
     "_validation": 0,
+    "_functorch": 0,
     "_energy": 0,
     "_lazy": 0,
     "_malloc": 0,

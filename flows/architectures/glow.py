@@ -24,7 +24,7 @@ import torch
 from torch import Tensor, nn
 
 from flows._deprecation import record_argument
-from flows._validation import as_sample_shape, check_number
+from flows._validation import as_sample_shape, check_number, under_vmap
 from flows.architectures._arguments import check_activation, check_choice, check_context, check_count, check_hidden
 from flows.bijections.base import Bijection, Chain
 from flows.bijections.circulant import CirculantDiagonal2d
@@ -275,7 +275,7 @@ class Glow(Flow):
             ValueError: for a wrong shape, NaN/Inf values or values outside the domain.
         """
         alpha = self.logit_alpha
-        if alpha is not None and isinstance(x, Tensor) and x.numel():
+        if alpha is not None and isinstance(x, Tensor) and x.numel() and not under_vmap(x):  # vmap: no branching
             margin = alpha / (1 - 2 * alpha)
             low, high = torch.aminmax(x.detach())
             if not (low > -margin and high < 1 + margin):

@@ -196,7 +196,8 @@ class MADE(nn.Module):
             x = torch.cat((x, context.expand(*x.shape[:-1], self.context_features)), dim=-1)
         masks, layers = self.masks(), self.layers
         # Without residual connections each pre-activation is used once, so a ReLU may overwrite it.
-        inplace = not self.residual and type(self.activation) is nn.ReLU
+        # Not while tracing: torch.jit.trace (Pyro's jit_compile=True) refuses in-place ops it cannot replay.
+        inplace = not self.residual and type(self.activation) is nn.ReLU and not torch.jit.is_tracing()
 
         def act(h: Tensor) -> Tensor:
             h = torch.relu_(h) if inplace else self.activation(h)
@@ -260,7 +261,9 @@ class MADE(nn.Module):
         if self.context_features:
             c = context.expand(*batch_shape, self.context_features).reshape(n, self.context_features)
             pre0 = torch.addmm(biases[0], c, weights[0][:, d:].t())
-        record = torch.is_grad_enabled()  # autograd: build by concatenation; otherwise fill buffers in place
+        # autograd (and torch.func transforms, whose batched values cannot be written into plain buffers):
+        # build by concatenation; otherwise fill buffers in place
+        record = torch.is_grad_enabled() or bool(torch._C._functorch.get_interpreter_stack())
         widths = [w.shape[0] for w in weights[:-1]]
         if record:
             values: list[Tensor] = []
