@@ -135,6 +135,7 @@ class FlowEstimator(ConditionalDensityEstimator):
 
     def log_prob(self, input: Tensor, condition: Tensor, **kwargs: Any) -> Tensor:
         self._check_input_shape(input)
+        self._check_condition_shape(condition)
         input, condition, _ = self._broadcast_and_align(input, condition)
         return self.net.log_prob(input, self._context(condition))
 
