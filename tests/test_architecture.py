@@ -49,6 +49,7 @@ LAYERS: dict[str, int] = {
     # 7: particle Boltzmann generators (couplings for flow matching, evaluation); model files
     "particles": 7,
     "model_file": 7,
+    "interop": 7,  # adapters to other libraries (sbi): read builders by name from train/config.py
     # 8: the command
     "cli": 8,
 }
