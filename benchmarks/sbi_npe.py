@@ -26,6 +26,7 @@ from __future__ import annotations
 import argparse
 import math
 import statistics
+import tempfile
 import time
 import warnings
 
@@ -109,12 +110,15 @@ def _observations(task, n: int) -> list[torch.Tensor]:
 
 def _train(task, model: str, theta, x, epochs: int):
     from sbi.inference import NPE
+    from torch.utils.tensorboard import SummaryWriter
 
     start = time.process_time()
-    with warnings.catch_warnings():
+    with warnings.catch_warnings(), tempfile.TemporaryDirectory() as logs:  # not sbi's default ./sbi-logs
         warnings.simplefilter("ignore")
-        npe = NPE(task.prior, density_estimator=_estimator(model), show_progress_bars=False)
+        writer = SummaryWriter(logs)
+        npe = NPE(task.prior, density_estimator=_estimator(model), show_progress_bars=False, summary_writer=writer)
         estimator = npe.append_simulations(theta, x).train(max_num_epochs=epochs, training_batch_size=200)
+        writer.close()
     return estimator, time.process_time() - start, npe._summary["epochs_trained"][-1]
 
 

@@ -17,6 +17,12 @@ from flows.interop.sbi import FlowEstimator, builder
 SIGMA = 0.5
 
 
+@pytest.fixture(autouse=True)
+def _in_tmp_path(tmp_path, monkeypatch) -> None:
+    """sbi's trainers write TensorBoard logs to ./sbi-logs: keep them out of the checkout."""
+    monkeypatch.chdir(tmp_path)
+
+
 def _simulations(n: int, seed: int = 0) -> tuple[MultivariateNormal, torch.Tensor, torch.Tensor]:
     """θ ~ N(0, I₂), x | θ ~ N(θ, σ² I): the posterior is N(x / (1 + σ²), σ² / (1 + σ²) I)."""
     torch.manual_seed(seed)
