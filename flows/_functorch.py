@@ -14,7 +14,14 @@ from collections.abc import Callable
 import torch
 from torch import Tensor
 
-__all__ = ["vmap_level", "with_vmap_folded"]
+__all__ = ["functorch_active", "vmap_level", "with_vmap_folded"]
+
+
+def functorch_active() -> bool:
+    """Whether a :mod:`torch.func` transform (vmap, grad, jacrev, jvp, ...) is running (never under torch.compile)."""
+    if torch.compiler.is_compiling():
+        return False
+    return bool(torch._C._functorch.get_interpreter_stack())
 
 
 def vmap_level(*tensors: Tensor | None) -> int | None:
@@ -23,6 +30,8 @@ def vmap_level(*tensors: Tensor | None) -> int | None:
     ``None`` outside vmap, when the innermost transform is not a vmap (``vmap(jacrev(f))``: the
     tensors are then wrapped for differentiation first), or when no tensor is batched at that level.
     """
+    if torch.compiler.is_compiling():
+        return None
     stack = torch._C._functorch.get_interpreter_stack()
     if not stack or stack[-1].key() != torch._C._functorch.TransformType.Vmap:
         return None

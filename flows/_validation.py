@@ -85,7 +85,7 @@ def under_vmap(x: object) -> bool:
     skip such checks under vmap (see :func:`check_finite`); shapes, dtypes and devices are still checked.
     Tensors of ``torch.func.grad``/``jacrev``/``jvp`` alone are not batched: the checks run there.
     """
-    if not isinstance(x, Tensor):
+    if not isinstance(x, Tensor) or torch.compiler.is_compiling():
         return False
     functorch = torch._C._functorch
     while functorch.is_functorch_wrapped_tensor(x):
@@ -102,6 +102,8 @@ def under_differentiation_transform() -> bool:
     their backward under such transforms (``jacrev`` vmaps it); layers switch to their autograd
     formulation there. Pure :func:`torch.func.vmap` is not counted (the functions have vmap rules).
     """
+    if torch.compiler.is_compiling():
+        return False
     stack = torch._C._functorch.get_interpreter_stack()
     vmap = torch._C._functorch.TransformType.Vmap
     return bool(stack) and any(level.key() != vmap for level in stack)
@@ -124,10 +126,10 @@ def check_finite(
     Under :func:`torch.func.vmap` (:func:`under_vmap`) the check is skipped: a batched tensor cannot
     be branched on, and a NaN/Inf row then gives a NaN/Inf result for that row instead of an error.
     """
-    if under_vmap(x):
-        return
-    if torch.compiler.is_compiling():
+    if torch.compiler.is_compiling():  # first: dynamo cannot trace the functorch queries of under_vmap
         torch._assert_async(torch.isfinite(x).all(), f"{who}: {NON_FINITE_MESSAGE} {what} (under torch.compile)")
+        return
+    if under_vmap(x):
         return
     finite = torch.isfinite(x)
     if not bool(finite.all()):

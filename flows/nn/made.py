@@ -9,6 +9,7 @@ import torch
 import torch.nn.functional as F
 from torch import Tensor, nn
 
+from flows._functorch import functorch_active
 from flows._validation import check_context, check_number
 
 __all__ = ["MADE"]
@@ -263,7 +264,7 @@ class MADE(nn.Module):
             pre0 = torch.addmm(biases[0], c, weights[0][:, d:].t())
         # autograd (and torch.func transforms, whose batched values cannot be written into plain buffers):
         # build by concatenation; otherwise fill buffers in place
-        record = torch.is_grad_enabled() or bool(torch._C._functorch.get_interpreter_stack())
+        record = torch.is_grad_enabled() or functorch_active()
         widths = [w.shape[0] for w in weights[:-1]]
         if record:
             values: list[Tensor] = []
