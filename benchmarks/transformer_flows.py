@@ -132,7 +132,7 @@ def alignment(args: argparse.Namespace, encoder: nn.Module | None) -> Representa
         weight=args.align_weight,
         width=args.width,
         features=args.encoder_width,
-        hidden=4 * args.width,
+        projector_width=4 * args.width,
     )
 
 

@@ -26,6 +26,7 @@ napoleon_google_docstring = True
 napoleon_numpy_docstring = False
 autodoc_member_order = "bysource"
 autodoc_typehints = "description"
+autodoc_mock_imports = ["sbi"]  # flows.interop.sbi documents without the optional dependency
 html_theme = "alabaster"
 suppress_warnings = ["myst.xref_missing"]
 

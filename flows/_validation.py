@@ -22,6 +22,8 @@ __all__ = [
     "check_real",
     "format_shape",
     "shapes_match",
+    "under_differentiation_transform",
+    "under_vmap",
 ]
 
 
@@ -77,6 +79,38 @@ def check_event(x: Tensor, event_shape: Sequence[int | None], who: str, what: st
         raise ValueError(f"{who}: expected {what} of shape (*batch, {expected}), got {tuple(x.shape)}")
 
 
+def under_vmap(x: object) -> bool:
+    """Whether ``x`` is a tensor batched by :func:`torch.func.vmap` (at any level of functorch wrapping).
+
+    A value check that reads a tensor into Python (``bool(x.all())``) cannot run on a batched tensor:
+    vmap refuses data-dependent control flow, and one row cannot raise for the others. The input checks
+    skip such checks under vmap (see :func:`check_finite`); shapes, dtypes and devices are still checked.
+    Tensors of ``torch.func.grad``/``jacrev``/``jvp`` alone are not batched: the checks run there.
+    """
+    if not isinstance(x, Tensor) or torch.compiler.is_compiling():
+        return False
+    functorch = torch._C._functorch
+    while functorch.is_functorch_wrapped_tensor(x):
+        if functorch.is_batchedtensor(x):
+            return True
+        x = functorch.get_unwrapped(x)
+    return False
+
+
+def under_differentiation_transform() -> bool:
+    """Whether a :mod:`torch.func` ``grad``/``vjp``/``jacrev``/``jacfwd``/``jvp`` transform is running.
+
+    Custom autograd functions with hand-written in-place backward passes cannot run
+    their backward under such transforms (``jacrev`` vmaps it); layers switch to their autograd
+    formulation there. Pure :func:`torch.func.vmap` is not counted (the functions have vmap rules).
+    """
+    if torch.compiler.is_compiling():
+        return False
+    stack = torch._C._functorch.get_interpreter_stack()
+    vmap = torch._C._functorch.TransformType.Vmap
+    return bool(stack) and any(level.key() != vmap for level in stack)
+
+
 NON_FINITE_MESSAGE = "expected no NaN/Inf values in the"
 """Text of the compiled-mode error of :func:`check_finite` (matched by the Trainer)."""
 
@@ -90,9 +124,14 @@ def check_finite(
     break): it raises a ``RuntimeError`` carrying :data:`NON_FINITE_MESSAGE`, without the count and
     location, which eager mode gives (:class:`~flows.train.Trainer` re-runs such a step eagerly to
     raise the full ``ValueError``).
+
+    Under :func:`torch.func.vmap` (:func:`under_vmap`) the check is skipped: a batched tensor cannot
+    be branched on, and a NaN/Inf row then gives a NaN/Inf result for that row instead of an error.
     """
-    if torch.compiler.is_compiling():
+    if torch.compiler.is_compiling():  # first: dynamo cannot trace the functorch queries of under_vmap
         torch._assert_async(torch.isfinite(x).all(), f"{who}: {NON_FINITE_MESSAGE} {what} (under torch.compile)")
+        return
+    if under_vmap(x):
         return
     finite = torch.isfinite(x)
     if not bool(finite.all()):

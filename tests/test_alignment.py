@@ -70,7 +70,7 @@ def test_each_alignment_route_reaches_exactly_the_documented_parameters(route: s
     assert projector == {
         name
         for name, _ in RepresentationAlignment(
-            _encoder(), ALIGNED, width=16, features=6, hidden=8
+            _encoder(), ALIGNED, width=16, features=6, projector_width=8
         ).projector.named_parameters()
     }
 

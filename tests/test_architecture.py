@@ -17,6 +17,7 @@ PACKAGE = Path(__file__).resolve().parents[1] / "flows"
 LAYERS: dict[str, int] = {
     # 0: cross-cutting helpers, below everything
     "_validation": 0,
+    "_functorch": 0,
     "_energy": 0,
     "_lazy": 0,
     "_malloc": 0,
@@ -44,7 +45,7 @@ LAYERS: dict[str, int] = {
     # 7: particle Boltzmann generators (couplings for flow matching, evaluation); model files
     "particles": 7,
     "model_file": 7,
-    # 7: adapters to other libraries (Pyro), each imported lazily; nothing in flows imports them
+    # 7: adapters to other libraries (Pyro, sbi), each imported lazily; nothing in flows imports them
     "interop": 7,
     # 8: the command
     "cli": 8,

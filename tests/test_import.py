@@ -34,6 +34,7 @@ HEAVY = (
     "arviz",
     "tensorboard",
     "torch.utils.tensorboard",
+    "sbi",  # flows.interop.sbi is imported on demand
 )
 
 # Prints the heavy modules that ``code`` imported on top of ``import torch`` (torch itself imports

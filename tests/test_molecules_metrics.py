@@ -122,7 +122,7 @@ def test_state_free_energy_bad_input():
         state_free_energy(torch.zeros(2, 2, dtype=torch.bool))
     with pytest.raises(ValueError, match=r"log_w of shape \(5,\)"):
         state_free_energy(torch.zeros(5, dtype=torch.bool), torch.zeros(4))
-    with pytest.raises(TypeError, match="bootstrap"):
+    with pytest.raises(ValueError, match="expected bootstrap to be an int in"):
         state_free_energy(torch.zeros(5, dtype=torch.bool), bootstrap=-1)
 
 

@@ -93,7 +93,7 @@ def test_domains_compose_from_the_data_side() -> None:
 
 
 def test_glow_declares_its_logit_data_range() -> None:
-    glow = flows.Glow((1, 4, 4), levels=1, steps=1, hidden=(4, 4))
+    glow = flows.Glow((1, 4, 4), scales=1, steps=1, hidden=(4, 4))
     support = glow().support
     assert support.event_dim == 3
     inside, outside = torch.rand(2, 1, 4, 4), torch.rand(1, 1, 4, 4) + 1.0

@@ -23,7 +23,15 @@ from collections.abc import Callable, Sequence
 import torch
 from torch import Tensor, nn
 
-from flows._validation import as_sample_shape, check_activation, check_choice, check_count, check_hidden, check_number
+from flows._validation import (
+    as_sample_shape,
+    check_activation,
+    check_choice,
+    check_count,
+    check_hidden,
+    check_number,
+    under_vmap,
+)
 from flows.architectures.registry import register
 from flows.bijections.base import Bijection, Chain
 from flows.bijections.circulant import CirculantDiagonal2d
@@ -271,7 +279,7 @@ class Glow(Flow):
             ValueError: for a wrong shape, NaN/Inf values or values outside the domain.
         """
         alpha = self.logit_alpha
-        if alpha is not None and isinstance(x, Tensor) and x.numel():
+        if alpha is not None and isinstance(x, Tensor) and x.numel() and not under_vmap(x):  # vmap: no branching
             margin = alpha / (1 - 2 * alpha)
             low, high = torch.aminmax(x.detach())
             if not (low > -margin and high < 1 + margin):

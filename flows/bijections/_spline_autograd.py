@@ -9,7 +9,7 @@ its own backward), which cost more than the conditioner's matmuls on CPU.
 from __future__ import annotations
 
 import math
-from typing import TYPE_CHECKING
+from typing import TYPE_CHECKING, Any
 
 import torch
 import torch.nn.functional as F
@@ -25,6 +25,7 @@ __all__ = [
     "empty_strided_as",
     "forward_map",
     "locate",
+    "locate_autograd",
     "locate_backward",
     "log_derivative",
 ]
@@ -158,25 +159,93 @@ def locate_backward(saved: tuple[Tensor, ...], g_low: Tensor, g_high: Tensor, g_
         torch.mul(one_hot[1:], g_raw[0], out=g).addcmul_(one_hot[:-1], g_raw[1])
 
 
+def _fold(tensor: Tensor, dim: int | None, size: int) -> Tensor:
+    """A vmap rule's input with its batch dimension first (broadcast to ``size`` when it had none)."""
+    if dim is None:
+        return tensor.expand(size, *tensor.shape)
+    return tensor.movedim(dim, 0)
+
+
+def _zeros_if_none(grad: Tensor | None, like: Tensor) -> Tensor:
+    return torch.zeros_like(like) if grad is None else grad
+
+
 class BinEnds(torch.autograd.Function):
-    """:func:`locate` as an autograd function (used by the inverse and the double-backward path)."""
+    """:func:`locate` as an autograd function (used by the inverse and the double-backward path).
+
+    ``apply`` returns ``(lower, size, raw, *saved)``: the intermediates of :func:`locate` are
+    outputs (marked non-differentiable) so that :meth:`setup_context` can keep them for the
+    backward, the form that :mod:`torch.func` requires. Under :func:`torch.func.vmap` the
+    :meth:`vmap` rule folds the mapped dimension into the points' leading dimensions, so the same
+    kernels run once on the whole batch.
+    """
 
     @staticmethod
     def forward(
-        ctx, params: Tensor, v: Tensor, offsets: Tensor, scales: Tensor, row: int, shift: float
+        params: Tensor, v: Tensor, offsets: Tensor, scales: Tensor, row: int, shift: float
     ) -> tuple[Tensor, ...]:
         lower, size, raw, saved = locate(params.movedim(-1, 0), v, offsets, scales, row, shift)
+        return lower, size, raw, *saved
+
+    @staticmethod
+    def setup_context(ctx: Any, inputs: tuple[Any, ...], output: tuple[Tensor, ...]) -> None:
+        params = inputs[0]
+        ctx.mark_non_differentiable(*output[3:])
+        ctx.set_materialize_grads(False)
         if ctx.needs_input_grad[0]:
-            ctx.save_for_backward(*saved)  # freed after the backward, unlike attributes of ctx
+            ctx.save_for_backward(output[0], *output[3:])  # freed after the backward, unlike attributes of ctx
             ctx.layout = (params.shape, dense_stride(params), params.dtype, params.device)
-        return lower, size, raw
 
     @staticmethod
     @torch.autograd.function.once_differentiable
-    def backward(ctx, grad_lower: Tensor, grad_size: Tensor, grad_raw: Tensor) -> tuple[Tensor | None, ...]:
+    def backward(
+        ctx: Any, grad_lower: Tensor | None, grad_size: Tensor | None, grad_raw: Tensor | None, *_: Any
+    ) -> tuple[Tensor | None, ...]:
+        lower, *saved = ctx.saved_tensors
+        grad_lower, grad_size, grad_raw = (_zeros_if_none(g, lower) for g in (grad_lower, grad_size, grad_raw))
         grad = empty_strided_as(*ctx.layout)
-        locate_backward(ctx.saved_tensors, grad_lower - grad_size, grad_size, grad_raw, grad.movedim(-1, 0))
+        locate_backward(tuple(saved), grad_lower - grad_size, grad_size, grad_raw, grad.movedim(-1, 0))
         return grad, None, None, None, None, None
+
+    @staticmethod
+    def vmap(
+        info: Any,
+        in_dims: tuple[Any, ...],
+        params: Tensor,
+        v: Tensor,
+        offsets: Tensor,
+        scales: Tensor,
+        row: int,
+        shift: float,
+    ) -> tuple[tuple[Tensor, ...], tuple[int, ...]]:
+        if in_dims[2] is not None or in_dims[3] is not None:
+            raise ValueError("BinEnds: expected unbatched knot offsets and scales under vmap, got batched ones")
+        params, v = _fold(params, in_dims[0], info.batch_size), _fold(v, in_dims[1], info.batch_size)
+        out = BinEnds.apply(params, v, offsets, scales, row, shift)
+        # lower, size, raw: (2, V, *S); e: (2, K, V, *S); b, one_hot: (K(+1), V, *S); the rest (2, V, *S)
+        return out, (1, 1, 1, 2, 1, 1, 1, 1, 1, 1)
+
+
+def locate_autograd(
+    params: Tensor, v: Tensor, offsets: Tensor, scales: Tensor, row: int, shift: float
+) -> tuple[Tensor, Tensor, Tensor]:
+    """:class:`BinEnds` from differentiable operations (softmax, cumsum, gather), for :mod:`torch.func`.
+
+    The same knots, bin search and raw derivatives as :func:`locate`, without in-place kernels: it
+    composes with ``jacrev``, ``jacfwd``, ``jvp`` and ``grad`` (used under those transforms only;
+    :func:`locate` is several times faster). ``params`` is ``(*S, 3K - 1)``, ``v`` is ``S``.
+    """
+    k = offsets.shape[-1] - 1
+    p = torch.softmax(params[..., : 2 * k].unflatten(-1, (2, k)), dim=-1)  # (*S, 2, K)
+    sums = F.pad(torch.cumsum(p, dim=-1), (1, 0))  # C_j, j = 0..K
+    knots = offsets + scales * sums  # (*S, 2, K + 1)
+    index = (v.unsqueeze(-1) >= knots[..., row, 1:k]).sum(-1, keepdim=True)  # the bin k, (*S, 1)
+    ends = index.unsqueeze(-2).expand(*index.shape[:-1], 2, 1)
+    lower = knots.gather(-1, ends).squeeze(-1)
+    size = knots.gather(-1, ends + 1).squeeze(-1) - lower
+    r = F.pad(params[..., 2 * k :], (1, 1))  # r_0 = r_K = 0
+    raw = torch.cat((r.gather(-1, index), r.gather(-1, index + 1)), dim=-1) + shift
+    return lower.movedim(-1, 0), size.movedim(-1, 0), raw.movedim(-1, 0)
 
 
 def log_derivative(
@@ -233,7 +302,7 @@ class SplineForward(torch.autograd.Function):
     """
 
     @staticmethod
-    def forward(ctx, x: Tensor, params: Tensor, spline: RationalQuadraticSpline) -> tuple[Tensor, Tensor]:
+    def forward(x: Tensor, params: Tensor, spline: RationalQuadraticSpline) -> tuple[Tensor, ...]:
         bound = spline.bound
         xc = x.clamp(-bound, bound)
         inside = xc == x
@@ -242,15 +311,34 @@ class SplineForward(torch.autograd.Function):
         d = F.softplus(raw).add_(spline.min_derivative)
         y, ladj, inter = forward_map(xc, lower[0], size[0], lower[1], size[1], d[0], d[1])
         inside_f = inside.to(x.dtype)
-        if any(ctx.needs_input_grad[:2]):
-            ctx.save_for_backward(x, params, inside_f, size, d, raw, *saved, *inter)
-            ctx.spline = spline
-            ctx.layout = (params.shape, dense_stride(params), params.dtype, params.device)
-        return torch.where(inside, y, x), ladj.masked_fill_(~inside, 0.0)  # not mul_(inside_f): inf * 0 is NaN
+        y = torch.where(inside, y, x)
+        ladj = ladj.masked_fill_(~inside, 0.0)  # not mul_(inside_f): inf * 0 is NaN
+        return y, ladj, inside_f, size, d, raw, *saved, *inter
 
     @staticmethod
-    def backward(ctx, grad_y: Tensor, grad_ladj: Tensor) -> tuple[Tensor | None, ...]:
+    def setup_context(ctx: Any, inputs: tuple[Any, ...], output: tuple[Tensor, ...]) -> None:
+        x, params, spline = inputs
+        ctx.mark_non_differentiable(*output[2:])
+        ctx.set_materialize_grads(False)
+        if any(ctx.needs_input_grad[:2]):
+            ctx.save_for_backward(x, params, *output[2:])
+            ctx.spline = spline
+            ctx.layout = (params.shape, dense_stride(params), params.dtype, params.device)
+
+    @staticmethod
+    def vmap(
+        info: Any, in_dims: tuple[Any, ...], x: Tensor, params: Tensor, spline: RationalQuadraticSpline
+    ) -> tuple[tuple[Tensor, ...], tuple[int, ...]]:
+        x, params = _fold(x, in_dims[0], info.batch_size), _fold(params, in_dims[1], info.batch_size)
+        out = SplineForward.apply(x, params, spline)
+        # y, ladj, inside: (V, *S); size, d, raw: (2, V, *S); locate's saved tensors (see BinEnds.vmap); the
+        # intermediates of forward_map: (V, *S)
+        return out, (0, 0, 0, 1, 1, 1, 2, 1, 1, 1, 1, 1, 1, *(0,) * 10)
+
+    @staticmethod
+    def backward(ctx: Any, grad_y: Tensor | None, grad_ladj: Tensor | None, *_: Any) -> tuple[Tensor | None, ...]:
         x, params, inside, size, d, raw, *rest = ctx.saved_tensors
+        grad_y, grad_ladj = _zeros_if_none(grad_y, x), _zeros_if_none(grad_ladj, x)
         if torch.is_grad_enabled():  # create_graph=True: differentiate the autograd formulation
             inputs = [t for t, needed in zip((x, params), ctx.needs_input_grad[:2], strict=True) if needed]
             with torch.enable_grad():

@@ -8,6 +8,7 @@ from collections.abc import Callable, Sequence
 import torch
 from torch import Tensor, nn
 
+from flows._functorch import with_vmap_folded
 from flows._validation import check_context, check_count, check_event, check_number, format_shape
 from flows.bijections._cnf_dynamics import (
     ADAPTIVE_ORDER,
@@ -227,6 +228,11 @@ class CNF(Bijection):
         return bits.to(like.dtype).mul_(2).sub_(1)
 
     def _solve(self, x: Tensor, context: Tensor | None, reverse: bool, log_det: bool) -> tuple[Tensor, Tensor]:
+        # under torch.func.vmap the adaptive solve (one step sequence for the batch) runs on the
+        # unwrapped batch with the mapped dimension in front: vmap cannot branch on step errors
+        return with_vmap_folded(lambda x, c: self._solve_batch(x, c, reverse, log_det), x, context)
+
+    def _solve_batch(self, x: Tensor, context: Tensor | None, reverse: bool, log_det: bool) -> tuple[Tensor, Tensor]:
         who = type(self).__name__
         event = self.event_shape_out if reverse else self.event_shape
         check_event(x, event, who, "latent input" if reverse else "input")

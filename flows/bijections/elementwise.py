@@ -10,6 +10,7 @@ import torch.nn.functional as F
 from torch import Tensor, nn
 from torch.distributions import constraints
 
+from flows._validation import under_vmap
 from flows.bijections.base import Bijection, over_event, sum_event_dims
 from flows.bijections.transformers import AffineTransformer, Transformer
 
@@ -82,8 +83,8 @@ class Affine(Elementwise):
 
 
 def _check_open_interval(x: Tensor, who: str, low_end: float = 0.0, high_end: float = 1.0) -> None:
-    """Raise unless every entry of ``x`` lies strictly inside ``(low_end, high_end)``."""
-    if not x.numel():
+    """Raise unless every entry of ``x`` lies strictly inside ``(low_end, high_end)`` (skipped under vmap)."""
+    if not x.numel() or under_vmap(x):  # torch.func.vmap cannot branch on values
         return
     low, high = torch.aminmax(x.detach())
     if not (low > low_end and high < high_end):  # also catches NaN

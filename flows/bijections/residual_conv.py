@@ -142,6 +142,7 @@ class ConvResidualBlock(ResidualBlock):
 
     Example:
         >>> import torch
+        >>> _ = torch.manual_seed(0)
         >>> t = ConvResidualBlock((1, 4, 4), hidden=(8,)).double()
         >>> x = torch.randn(2, 1, 4, 4, dtype=torch.float64)
         >>> z, ladj = t.forward_and_log_det(x)

@@ -15,8 +15,8 @@ import torch
 import torch.nn.functional as F
 from torch import Tensor
 
-from flows._validation import check_count, check_number
-from flows.bijections._spline_autograd import BinEnds, SplineForward, forward_map, log_derivative
+from flows._validation import check_count, check_number, under_differentiation_transform
+from flows.bijections._spline_autograd import BinEnds, SplineForward, forward_map, locate_autograd, log_derivative
 from flows.bijections.transformers import Transformer
 
 __all__ = ["MAX_BOUND", "RationalQuadraticSpline"]
@@ -147,7 +147,12 @@ class RationalQuadraticSpline(Transformer):
         self._check_params(params)
         params = params.expand(*v.shape, self.params_per_dim)
         offsets, scales = self._knot_constants(params)
-        lower, size, raw = BinEnds.apply(params, v.detach(), offsets, scales, int(inverse), self._softplus_shift)
+        if under_differentiation_transform():  # torch.func.jacrev/jvp/grad: no in-place backward
+            lower, size, raw = locate_autograd(params, v.detach(), offsets, scales, int(inverse), self._softplus_shift)
+        else:
+            lower, size, raw = BinEnds.apply(params, v.detach(), offsets, scales, int(inverse), self._softplus_shift)[
+                :3
+            ]
         x_k, y_k = lower.unbind(0)
         width, height = size.unbind(0)
         d_k, d_k1 = (F.softplus(raw) + self.min_derivative).unbind(0)
@@ -162,7 +167,10 @@ class RationalQuadraticSpline(Transformer):
 
     def forward_and_log_det(self, x: Tensor, params: Tensor) -> tuple[Tensor, Tensor]:
         self._check_params(params)
-        return SplineForward.apply(x, params.expand(*x.shape, self.params_per_dim), self)
+        if under_differentiation_transform():  # torch.func.jacrev/jvp/grad: the composable formulation
+            return self._forward_autograd(x, params)
+        y, ladj = SplineForward.apply(x, params.expand(*x.shape, self.params_per_dim), self)[:2]
+        return y, ladj
 
     def inverse_and_log_det(self, z: Tensor, params: Tensor) -> tuple[Tensor, Tensor]:
         zc = z.clamp(-self.bound, self.bound)

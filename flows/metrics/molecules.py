@@ -29,7 +29,7 @@ from dataclasses import dataclass
 import torch
 from torch import Tensor
 
-from flows._validation import check_count, check_samples
+from flows._validation import check_count, check_number, check_real, check_samples
 from flows.metrics.importance import _check_log_weights
 
 __all__ = ["StateFreeEnergy", "histogram_kl", "state_free_energy", "torsion_periodic_distance"]
@@ -112,11 +112,12 @@ def histogram_kl(
             f"and {tuple(samples.shape)}"
         )
     check_count(who, "bins", bins, maximum=100_000)
-    low, high = (float(b) for b in range)
-    if not (math.isfinite(low) and math.isfinite(high) and low < high):
+    if isinstance(range, (str, bytes)) or not isinstance(range, Sequence) or len(range) != 2:
+        raise ValueError(f"{who}: expected range to be a pair (low, high), got {range!r}")
+    low, high = (check_number(who, "range", b) for b in range)
+    if not low < high:
         raise ValueError(f"{who}: expected a finite range (low, high) with low < high, got {tuple(range)}")
-    if not (isinstance(eps, (int, float)) and eps >= 0):
-        raise ValueError(f"{who}: expected eps >= 0, got {eps!r}")
+    check_number(who, "eps", eps, minimum=0)
     reference, samples = reference.detach().double().cpu(), samples.detach().double().cpu()
     p_w = _weights(len(reference), reference_log_w, who, "reference_log_w", torch.float64)
     q_w = _weights(len(samples), log_w, who, "log_w", torch.float64)
@@ -132,7 +133,24 @@ def torsion_periodic_distance(a: Tensor, b: Tensor) -> Tensor:
         >>> import math, torch
         >>> round(torsion_periodic_distance(torch.tensor(3.0), torch.tensor(-3.0)).item(), 4)
         -0.2832
+
+    Raises:
+        TypeError: for inputs that are not real floating-point tensors.
+        ValueError: for shapes that do not broadcast.
     """
+    for name, value in (("a", a), ("b", b)):
+        if not isinstance(value, Tensor):
+            raise TypeError(
+                f"torsion_periodic_distance: expected {name} to be a torch.Tensor, got {type(value).__name__}"
+            )
+        check_real(value, "torsion_periodic_distance", name)
+    try:
+        torch.broadcast_shapes(a.shape, b.shape)
+    except RuntimeError:
+        raise ValueError(
+            "torsion_periodic_distance: expected angles of broadcastable shapes, "
+            f"got {tuple(a.shape)} and {tuple(b.shape)}"
+        ) from None
     return torch.remainder(a - b + math.pi, 2 * math.pi) - math.pi
 
 
@@ -166,6 +184,10 @@ def _delta_f(p_b: Tensor) -> Tensor:
     return -(p_b.log() - (1 - p_b).log())
 
 
+#: The most resampled entries (``bootstrap`` times ``N``) :func:`state_free_energy` draws at once.
+MAX_BOOTSTRAP_ENTRIES = 10**8
+
+
 def state_free_energy(
     in_b: Tensor,
     log_w: Tensor | None = None,
@@ -191,8 +213,9 @@ def state_free_energy(
         generator: random generator of the resampling.
 
     Raises:
-        TypeError: for a non-boolean ``in_b`` or a non-integer ``bootstrap``.
-        ValueError: for an ``in_b`` that is not ``(N,)``, weights of another shape, or bad weights.
+        TypeError: for a non-boolean ``in_b``, a non-integer ``bootstrap`` or weights that are not a tensor.
+        ValueError: for an ``in_b`` that is not ``(N,)``, weights of another shape, bad weights, or a
+            ``bootstrap`` below 0 or above ``MAX_BOOTSTRAP_ENTRIES / N``.
 
     Example:
         >>> import torch
@@ -205,10 +228,11 @@ def state_free_energy(
         raise TypeError(f"{who}: expected a bool tensor in_b, got {getattr(in_b, 'dtype', type(in_b).__name__)}")
     if in_b.dim() != 1 or in_b.numel() == 0:
         raise ValueError(f"{who}: expected in_b of shape (N,) with N >= 1, got {tuple(in_b.shape)}")
-    if isinstance(bootstrap, bool) or not isinstance(bootstrap, int) or bootstrap < 0:
-        raise TypeError(f"{who}: expected a non-negative int bootstrap, got {bootstrap!r}")
-    in_b = in_b.detach().cpu()
     n = in_b.numel()
+    check_count(who, "bootstrap", bootstrap, minimum=0, maximum=max(1, MAX_BOOTSTRAP_ENTRIES // n))
+    if log_w is not None and not isinstance(log_w, Tensor):
+        raise TypeError(f"{who}: expected log_w to be a torch.Tensor or None, got {type(log_w).__name__}")
+    in_b = in_b.detach().cpu()
     w = _weights(n, None if log_w is None else log_w.detach().cpu(), who, "log_w", torch.float64)
     member = in_b.double()
     p_b = (w * member).sum()

@@ -8,6 +8,8 @@ from collections.abc import Callable, Sequence
 import torch
 from torch import Tensor, nn
 
+from flows._functorch import functorch_active
+
 __all__ = ["ConvNet"]
 
 
@@ -119,7 +121,7 @@ class ConvNet(nn.Module):
             raise ValueError("ConvNet: this network is unconditional (context=0), got a context tensor")
         batch = x.shape[:-3]
         x = x.reshape(-1, *x.shape[-3:])
-        if self.channels_last:
+        if self.channels_last and not functorch_active():  # vmap: no memory formats
             x = x.contiguous(memory_format=torch.channels_last)
         out = self.net(x)
         return out.reshape(*batch, *out.shape[-3:])

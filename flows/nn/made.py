@@ -9,6 +9,7 @@ import torch
 import torch.nn.functional as F
 from torch import Tensor, nn
 
+from flows._functorch import functorch_active
 from flows._validation import check_context, check_number
 
 __all__ = ["MADE"]
@@ -196,7 +197,8 @@ class MADE(nn.Module):
             x = torch.cat((x, context.expand(*x.shape[:-1], self.context_features)), dim=-1)
         masks, layers = self.masks(), self.layers
         # Without residual connections each pre-activation is used once, so a ReLU may overwrite it.
-        inplace = not self.residual and type(self.activation) is nn.ReLU
+        # Not while tracing: torch.jit.trace (Pyro's jit_compile=True) refuses in-place ops it cannot replay.
+        inplace = not self.residual and type(self.activation) is nn.ReLU and not torch.jit.is_tracing()
 
         def act(h: Tensor) -> Tensor:
             h = torch.relu_(h) if inplace else self.activation(h)
@@ -247,7 +249,9 @@ class MADE(nn.Module):
         n, d, p = batch_shape.numel(), self.in_features, self.params_per_feature
         weights, biases, by_order, below, first, pre0 = self._solve_plan(batch_shape, context)
         widths = [w.shape[0] for w in weights[:-1]]
-        solved = _Solved(torch.is_grad_enabled(), n, d, widths, dtype, device, weight0)
+        # autograd (and torch.func transforms, whose batched values cannot be written into plain buffers):
+        # build by concatenation; otherwise fill buffers in place
+        solved = _Solved(torch.is_grad_enabled() or functorch_active(), n, d, widths, dtype, device, weight0)
         for t in range(d):
             for layer in range(len(widths)):
                 lo, hi = below[layer][t], below[layer][t + 1]

@@ -60,6 +60,15 @@ class _OpenMMEnergy(torch.autograd.Function):
         (grad,) = ctx.saved_tensors
         return grad_u.unsqueeze(-1) * grad, None
 
+    @staticmethod
+    def vmap(
+        info: Any, in_dims: tuple[Any, ...], x: Tensor, target: OpenMMTarget
+    ) -> tuple[tuple[Tensor, Tensor], tuple[int, int]]:
+        """Under :func:`torch.func.vmap`: one OpenMM batch over the mapped and the batch dimension together."""
+        x = x.expand(info.batch_size, *x.shape) if in_dims[0] is None else x.movedim(in_dims[0], 0)
+        u, grad = _OpenMMEnergy.apply(x.reshape(-1, x.shape[-1]), target)
+        return (u.reshape(x.shape[:-1]), grad.reshape(x.shape)), (0, 0)
+
 
 class OpenMMTarget(EnergyTarget):
     r"""The Boltzmann density :math:`\pi(x) \propto e^{-E(x)/(k_B T)}` of an OpenMM system.

@@ -67,9 +67,14 @@ class TransformedTarget(EnergyTarget):
                 f"got one of {size_in}"
             )
         super().__init__(size_out)
-        if dtype is None:
-            dtype = next((p.dtype for p in bijection.parameters() if p.is_floating_point()), torch.float64)
-        self.target, self.bijection, self.dtype = target, bijection, dtype
+        self.target, self.bijection, self._dtype = target, bijection, dtype
+
+    @property
+    def dtype(self) -> torch.dtype:
+        """The dtype the bijection runs in: as given, else its parameters' (it follows ``.double()``), else float64."""
+        if self._dtype is not None:
+            return self._dtype
+        return next((p.dtype for p in self.bijection.parameters() if p.is_floating_point()), torch.float64)
 
     def energy(self, z: Tensor) -> Tensor:
         self._check_input(z)

@@ -206,7 +206,9 @@ def _files(name: str) -> dict[str, Callable[[], tuple[bytes, str | None]]]:
 
         def swapped(dtype=dtype):
             tensors = _tensors(name)
-            first = next(k for k, v in tensors.items() if v.is_floating_point() and v.numel())
+            # the first floating tensor of another dtype: re-storing one in its own dtype would change nothing
+            # (a DependentFlow's float64 base under a float32 flow)
+            first = next(k for k, v in tensors.items() if v.is_floating_point() and v.numel() and v.dtype != dtype)
             tensors[first] = tensors[first].to(dtype)
             return _resigned(_config(name), tensors)
 

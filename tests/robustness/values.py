@@ -256,6 +256,9 @@ def _metric_recipes() -> dict[str, Recipe]:
     def points(n: int = 40) -> Tensor:
         return torch.randn(n, 2, generator=_gen(3), dtype=torch.float64)
 
+    def angles(n: int = 40) -> Tensor:
+        return (torch.rand(n, 2, generator=_gen(6), dtype=torch.float64) * 2 - 1) * math.pi
+
     means = torch.tensor([[-1.0, 0.0], [1.0, 0.0]], dtype=torch.float64)
     return {
         "acceptance_rate": Recipe(lambda: ([torch.rand(20, 3, generator=_gen(4), dtype=torch.float64)], {})),
@@ -275,6 +278,9 @@ def _metric_recipes() -> dict[str, Recipe]:
         "sample_log_weights": Recipe(
             lambda: ([Flow(Affine(2), StandardNormal(2)), Gaussian(2), 8], {"batch_size": 4}), tensor=None
         ),
+        "histogram_kl": Recipe(lambda: ([angles(), angles(30)], {"bins": 8})),
+        "torsion_periodic_distance": Recipe(lambda: ([angles(), angles().flip(0)], {}), any_rank=True),
+        "state_free_energy": Recipe(lambda: ([angles()[:, 0] > 0, log_w()], {}), tensor=1),
     }
 
 
