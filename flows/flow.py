@@ -530,8 +530,7 @@ def monte_carlo_kl(p: td.Distribution, q: td.Distribution, samples: int = 1000) 
         >>> abs(monte_carlo_kl(p, q, 20000).item() - 1.0) < 0.05  # exact: |mu|^2 / 2 = 1
         True
     """
-    if not isinstance(samples, int) or samples < 1:
-        raise ValueError(f"monte_carlo_kl: expected samples to be a positive int, got {samples!r}")
+    check_count("monte_carlo_kl", "samples", samples)
     if isinstance(p, FlowDistribution):
         x, log_p = p.rsample_and_log_prob((samples,))
     else:

@@ -171,7 +171,7 @@ def test_ot_pairs_reject_bad_input() -> None:
         ot_assignment(x, torch.ones(4, 2, dtype=torch.long))
     with pytest.raises(ValueError, match=r"expected x of shape \(N, \*event\) with N >= 1"):
         ot_assignment(torch.randn(4), torch.randn(4))
-    with pytest.raises(ValueError, match="expected a positive int batch_size"):
+    with pytest.raises(ValueError, match="expected batch_size to be an int >= 1"):
         ot_pairs(x, x, batch_size=0)
 
 
@@ -197,9 +197,9 @@ def test_teacher_pairs_reject_bad_input() -> None:
     teacher = Flow(Affine(2), StandardNormal(2))
     with pytest.raises(TypeError, match="expected a Flow as teacher"):
         teacher_pairs(Affine(2), 4)
-    with pytest.raises(ValueError, match="expected a positive int n"):
+    with pytest.raises(ValueError, match="expected n to be an int >= 1"):
         teacher_pairs(teacher, 0)
-    with pytest.raises(ValueError, match="expected a positive int batch_size"):
+    with pytest.raises(ValueError, match="expected batch_size to be an int >= 1"):
         teacher_pairs(teacher, 3, batch_size=0)
     cond = RealNVP(2, context=1, transforms=2, hidden=(8,))
     with pytest.raises(ValueError, match=r"expected a context of shape \(4, context_features\)"):

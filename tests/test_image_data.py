@@ -93,7 +93,7 @@ def test_variational_bits_per_dim_bound_and_gradients() -> None:
 def test_dequantizer_errors() -> None:
     with pytest.raises(ValueError, match="with even H and W"):
         VariationalDequantizer((1, 5, 4), 17)
-    with pytest.raises(ValueError, match="expected levels >= 2"):
+    with pytest.raises(ValueError, match="expected levels to be an int >= 2"):
         VariationalDequantizer((1, 4, 4), 1)
     deq = VariationalDequantizer((1, 4, 4), 17, steps=1, hidden=(4, 4))
     with pytest.raises(ValueError, match=r"expected levels_data of shape \(\*batch, 1, 4, 4\)"):

@@ -509,9 +509,9 @@ def test_bad_arguments_raise_clear_errors() -> None:
         MALA(lambda x: x)
     with pytest.raises(ValueError, match="expected a positive finite step_size"):
         MALA(target, step_size=0.0)
-    with pytest.raises(ValueError, match="HMC: expected leapfrog_steps to be a positive int"):
+    with pytest.raises(ValueError, match="HMC: expected leapfrog_steps to be an int >= 1"):
         HMC(target, 0.1, 0)
-    with pytest.raises(ValueError, match="expected n_proposals to be a positive int"):
+    with pytest.raises(ValueError, match="expected n_proposals to be an int >= 1"):
         ISIR(target, flow, n_proposals=0)
     with pytest.raises(ValueError, match=r"expected a flow on events of shape \(3,\)"):
         IMH(target, RealNVP(2))

@@ -172,3 +172,23 @@ def test_pyro_refuses_nothing_silently_for_a_wrong_event() -> None:
     d = distribution(flows.MAF(2, transforms=1, hidden=(8,)))
     with pytest.raises(ValueError, match=r"expected"):
         d.log_prob(torch.randn(5, 3))
+
+
+def test_nuts_with_jit_compile_runs_on_a_flows_prior_and_agrees_with_the_eager_chain() -> None:
+    """``NUTS(jit_compile=True)`` traces the model: MADE's in-place ReLU once made the trace fail."""
+    flow = flows.MAF(2, transforms=2, hidden=(8,))
+    flow.requires_grad_(False)  # a traced model may not hold parameters that need gradients
+
+    def model(y):
+        w = pyro.sample("w", distribution(flow))
+        pyro.sample("y", dist.Normal(w.sum(), 1.0), obs=y)
+
+    chains = {}
+    for jit in (False, True):
+        pyro.set_rng_seed(0)
+        kernel = NUTS(model, jit_compile=jit, ignore_jit_warnings=True)
+        mcmc = MCMC(kernel, num_samples=40, warmup_steps=40, disable_progbar=True)
+        mcmc.run(torch.tensor(0.5))
+        chains[jit] = mcmc.get_samples()["w"]
+    assert chains[True].shape == (40, 2) and torch.isfinite(chains[True]).all()
+    torch.testing.assert_close(chains[True], chains[False], rtol=1e-4, atol=1e-4)  # the same chain, traced

@@ -13,7 +13,7 @@ def test_hmc_takes_leapfrog_steps_as_hmcblock() -> None:
     target = Gaussian(2)
     kernel = HMC(target, 0.3, leapfrog_steps=4)
     assert kernel.leapfrog_steps == 4 and "leapfrog_steps=4" in repr(kernel)
-    with pytest.raises(ValueError, match="HMC: expected leapfrog_steps to be a positive int, got 0"):
+    with pytest.raises(ValueError, match="HMC: expected leapfrog_steps to be an int >= 1, got 0"):
         HMC(target, leapfrog_steps=0)
     with pytest.raises(TypeError, match="n_leapfrog"):  # the old name was removed, not kept as an alias
         HMC(target, 0.3, n_leapfrog=4)

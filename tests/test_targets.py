@@ -242,7 +242,7 @@ def test_bad_arguments_raise_clear_errors() -> None:
         GaussianMixture(torch.zeros(2, 2), stds=torch.ones(3))
     with pytest.raises(ValueError, match="even dim"):
         GaussianMixture.four_modes(5)
-    with pytest.raises(ValueError, match="dim >= 2"):
+    with pytest.raises(ValueError, match="expected dim to be an int >= 2"):
         Funnel(1)
     with pytest.raises(ValueError, match="even dim"):
         Banana(3)

@@ -117,7 +117,7 @@ def test_bad_arguments() -> None:
         ReverseKL(target, temperature=0.0)
     with pytest.raises(ValueError, match="positive finite temperature"):
         reverse_kl_loss(_gaussian_flow(2), target, 8, temperature=math.inf)
-    with pytest.raises(ValueError, match="positive int n"):
+    with pytest.raises(ValueError, match="expected n to be an int >= 1"):
         reverse_kl_loss(_gaussian_flow(2), target, 0)
     with pytest.raises(TypeError, match=r"expected target to be an EnergyTarget or an object"):
         ReverseKL(lambda x: x)

@@ -22,6 +22,7 @@ import torch
 import torch.nn.functional as F
 from torch import Tensor, nn
 
+from flows._validation import check_count
 from flows.bijections._spline_autograd import forward_map, log_derivative
 from flows.bijections.base import Bijection, sum_event_dims
 from flows.bijections.transformers import Transformer
@@ -77,8 +78,7 @@ class CircularRationalQuadraticSpline(Transformer):
     ) -> None:
         super().__init__()
         name = type(self).__name__
-        if not isinstance(bins, int) or isinstance(bins, bool) or bins < 1:
-            raise ValueError(f"{name}: expected bins to be an int >= 1, got {bins!r}")
+        check_count(name, "bins", bins)
         for label, value in (("min_bin_width", min_bin_width), ("min_bin_height", min_bin_height)):
             if not 0 <= value * bins < 1:
                 raise ValueError(f"{name}: expected 0 <= {label} < 1/bins = {1 / bins:g}, got {value}")

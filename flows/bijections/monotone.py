@@ -20,7 +20,7 @@ import torch
 import torch.nn.functional as F
 from torch import Tensor, nn
 
-from flows._validation import check_number
+from flows._validation import check_count, check_number
 from flows.bijections.numerical_inverse import monotone_inverse
 from flows.bijections.transformers import Transformer
 
@@ -111,8 +111,7 @@ class DeepSigmoidTransformer(MonotoneTransformer):
     def __init__(self, sigmoids: int = 8, *, layers: int = 1, atol: float | None = None, max_iter: int = 100) -> None:
         super().__init__(atol=atol, max_iter=max_iter)
         for label, value in (("sigmoids", sigmoids), ("layers", layers)):
-            if isinstance(value, bool) or not isinstance(value, int) or value < 1:
-                raise ValueError(f"DeepSigmoidTransformer: expected {label} to be an int >= 1, got {value!r}")
+            check_count("DeepSigmoidTransformer", label, value)
         self.sigmoids, self.layers = sigmoids, layers
         self.params_per_dim = 3 * sigmoids * layers
 
@@ -208,8 +207,7 @@ class UMNNTransformer(MonotoneTransformer):
         max_iter: int = 100,
     ) -> None:
         super().__init__(atol=atol, max_iter=max_iter)
-        if isinstance(embedding, bool) or not isinstance(embedding, int) or embedding < 0:
-            raise ValueError(f"UMNNTransformer: expected embedding to be an int >= 0, got {embedding!r}")
+        check_count("UMNNTransformer", "embedding", embedding, minimum=0)
         if (
             isinstance(hidden, (str, bytes))
             or not isinstance(hidden, Sequence)
@@ -350,8 +348,7 @@ class BernsteinTransformer(MonotoneTransformer):
 
     def __init__(self, degree: int = 8, *, bound: float = 5.0, atol: float | None = None, max_iter: int = 100) -> None:
         super().__init__(atol=atol, max_iter=max_iter)
-        if isinstance(degree, bool) or not isinstance(degree, int) or degree < 1:
-            raise ValueError(f"BernsteinTransformer: expected degree to be an int >= 1, got {degree!r}")
+        check_count("BernsteinTransformer", "degree", degree)
         bound = check_number("BernsteinTransformer", "bound", bound, minimum=0, maximum=1e30, strict=True)
         self.degree, self.bound = degree, bound
         self.params_per_dim = degree + 1

@@ -25,6 +25,7 @@ import torch
 import torch.nn.functional as F
 from torch import Tensor, nn
 
+from flows._validation import check_count
 from flows.bijections.base import Bijection
 
 __all__ = ["Householder", "QRLinear", "SVDLinear", "householder_matrix"]
@@ -61,8 +62,7 @@ def _features(layer: Bijection) -> int:
 
 def _reflections(layer: Bijection, reflections: int | None, features: int) -> int:
     k = features if reflections is None else reflections
-    if isinstance(k, bool) or not isinstance(k, int) or k < 1:
-        raise ValueError(f"{type(layer).__name__}: expected reflections to be an int >= 1, got {reflections!r}")
+    check_count(type(layer).__name__, "reflections", k)
     return k
 
 

@@ -7,6 +7,8 @@ import math
 import torch
 from torch import Tensor, nn
 
+from flows._validation import check_count
+
 __all__ = ["bayes_classifier"]
 
 
@@ -89,12 +91,10 @@ def bayes_classifier(
         >>> bayes_classifier(flow, torch.randn(5, 4), 3).exp().sum(-1)
         tensor([1.0000, 1.0000, 1.0000, 1.0000, 1.0000], grad_fn=<SumBackward1>)
     """
-    if isinstance(num_classes, bool) or not isinstance(num_classes, int) or num_classes < 2:
-        raise ValueError(f"bayes_classifier: expected num_classes to be an int >= 2, got {num_classes!r}")
+    check_count("bayes_classifier", "num_classes", num_classes, minimum=2)
     encoding = _encoding(flow, encoding, num_classes)
     sigma = _noise_level(flow, noise_std)
-    if isinstance(draws, bool) or not isinstance(draws, int) or draws < 1:
-        raise ValueError(f"bayes_classifier: expected draws to be an int >= 1, got {draws!r}")
+    check_count("bayes_classifier", "draws", draws)
     event = len(getattr(flow, "event_shape", ()))
     batch = x.shape[: x.dim() - event]
     contexts = [_class_context(batch, k, num_classes, encoding, x) for k in range(num_classes)]

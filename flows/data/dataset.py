@@ -28,6 +28,7 @@ from typing import Any
 import torch
 from torch import Tensor
 
+from flows._validation import check_count
 from flows.data.digits import DIGITS_LEVELS, load_digits
 from flows.data.mnist import MNIST_LEVELS, load_mnist
 from flows.data.tabular import SKLEARN_TABLES, csv_columns, load_array, load_miniboone, load_sklearn_table
@@ -252,8 +253,7 @@ def _load(
     if train.dim() == 1:
         train, val, test = (None if t is None else t.unsqueeze(-1) for t in (train, val, test))
     if levels is not None:
-        if not isinstance(levels, int) or levels < 2:
-            raise ValueError(f"load_dataset: expected levels to be an int >= 2, got {levels!r}")
+        check_count("load_dataset", "levels", levels, minimum=2)
         for t in (train, val, test):
             if (
                 t is not None

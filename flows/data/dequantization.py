@@ -21,7 +21,7 @@ import torch
 from torch import Tensor, nn
 
 from flows._lazy import compiler_disable
-from flows._validation import check_event, check_hidden
+from flows._validation import check_count, check_event, check_hidden
 from flows.bijections import AffineCoupling, Chain, Invertible1x1Conv, Logit, Squeeze, half_mask
 from flows.distributions import StandardNormal
 from flows.nn import ConvNet
@@ -110,10 +110,8 @@ class VariationalDequantizer(nn.Module):
             raise ValueError(
                 f"VariationalDequantizer: expected an image shape (C, H, W) with even H and W, got {shape}"
             )
-        if not isinstance(levels, int) or levels < 2:
-            raise ValueError(f"VariationalDequantizer: expected levels >= 2, got {levels!r}")
-        if not isinstance(steps, int) or steps < 1:
-            raise ValueError(f"VariationalDequantizer: expected steps >= 1, got {steps!r}")
+        check_count("VariationalDequantizer", "levels", levels, minimum=2)
+        check_count("VariationalDequantizer", "steps", steps)
         c, h, w = shape
         self.shape, self.levels = shape, levels
         channels = 4 * c

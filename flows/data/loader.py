@@ -14,6 +14,8 @@ from collections.abc import Iterator
 import torch
 from torch import Tensor
 
+from flows._validation import check_count
+
 __all__ = ["TensorLoader"]
 
 
@@ -71,8 +73,7 @@ class TensorLoader:
             )
         if n == 0:
             raise ValueError("TensorLoader: expected at least one sample, got an empty tensor")
-        if not isinstance(batch_size, int) or batch_size <= 0:
-            raise ValueError(f"TensorLoader: expected a positive integer batch_size, got {batch_size!r}")
+        check_count("TensorLoader", "batch_size", batch_size)
         if world_size < 1 or not 0 <= rank < world_size:
             raise ValueError(f"TensorLoader: expected 0 <= rank < world_size, got rank={rank}, world_size={world_size}")
         if batch_size % world_size:

@@ -14,7 +14,7 @@ import math
 import torch
 from torch import Tensor
 
-from flows._validation import check_event
+from flows._validation import check_count, check_event
 
 __all__ = ["SineManifold"]
 
@@ -42,8 +42,7 @@ class SineManifold:
     """
 
     def __init__(self, dim: int = 1, *, amplitude: float = 1.0, frequency: float = math.pi / 2) -> None:
-        if not isinstance(dim, int) or dim < 1:
-            raise ValueError(f"SineManifold: expected dim to be an int >= 1, got {dim!r}")
+        check_count("SineManifold", "dim", dim)
         if not (math.isfinite(frequency) and frequency > 0 and math.isfinite(amplitude)):
             raise ValueError(
                 f"SineManifold: expected a finite amplitude and a positive frequency, got {amplitude}, {frequency}"

@@ -11,6 +11,7 @@ from __future__ import annotations
 import torch
 from torch import Tensor
 
+from flows._validation import check_count
 from flows.mcmc.base import Kernel, State, StepInfo
 from flows.mcmc.independent import _FlowProposal
 
@@ -85,11 +86,9 @@ class GlobalLocal(Kernel):
         if local_kernel.target is not global_kernel.target:
             raise ValueError("GlobalLocal: expected the global and local kernels to share one target object")
         for name, value in (("local_steps", local_steps), ("train_steps", train_steps)):
-            if not isinstance(value, int) or value < 0:
-                raise ValueError(f"GlobalLocal: expected {name} to be a non-negative int, got {value!r}")
+            check_count("GlobalLocal", name, value, minimum=0)
         for name, value in (("batch_size", batch_size), ("memory", memory)):
-            if not isinstance(value, int) or value < 1:
-                raise ValueError(f"GlobalLocal: expected {name} to be a positive int, got {value!r}")
+            check_count("GlobalLocal", name, value)
         super().__init__(global_kernel.target)
         self.global_kernel, self.local_kernel = global_kernel, local_kernel
         self.local_steps, self.train_flow, self.train_steps = local_steps, train, train_steps

@@ -11,6 +11,7 @@ import torch
 from torch import Tensor
 
 from flows._kernels import metropolis_accept
+from flows._validation import check_count
 from flows.flow import Flow
 from flows.mcmc.base import FlowWatch, Kernel, State, StepInfo, _select, check_flow_matches
 from flows.targets.base import EnergyTarget
@@ -160,8 +161,7 @@ class ISIR(_FlowProposal):
 
     def __init__(self, target: EnergyTarget, flow: Flow, n_proposals: int = 8) -> None:
         super().__init__(target, flow)
-        if not isinstance(n_proposals, int) or n_proposals < 1:
-            raise ValueError(f"ISIR: expected n_proposals to be a positive int, got {n_proposals!r}")
+        check_count("ISIR", "n_proposals", n_proposals)
         self.n_proposals = n_proposals
 
     def step(self, state: State, *, adapt: bool = False) -> tuple[State, StepInfo]:

@@ -8,6 +8,7 @@ import torch
 from torch import Tensor
 
 from flows._kernels import hmc_proposal, metropolis_accept
+from flows._validation import check_count
 from flows.mcmc.adaptation import DualAveraging
 from flows.mcmc.base import Kernel, State, StepInfo, _keep_rejected
 from flows.targets.base import EnergyTarget
@@ -223,8 +224,7 @@ class HMC(_GradientKernel):
         target_accept: float | None = None,
     ) -> None:
         super().__init__(target, step_size, adapt_step_size=adapt_step_size, target_accept=target_accept)
-        if not isinstance(leapfrog_steps, int) or isinstance(leapfrog_steps, bool) or leapfrog_steps < 1:
-            raise ValueError(f"HMC: expected leapfrog_steps to be a positive int, got {leapfrog_steps!r}")
+        check_count("HMC", "leapfrog_steps", leapfrog_steps)
         self.leapfrog_steps = leapfrog_steps
 
     def step(self, state: State, *, adapt: bool = False) -> tuple[State, StepInfo]:

@@ -34,6 +34,7 @@ import numpy as np
 import torch
 from torch import Tensor
 
+from flows._validation import check_count
 from flows.targets.openmm import OpenMMTarget, import_openmm
 
 __all__ = ["langevin_frames", "mbar_log_weights", "torsion_bias_energy", "umbrella_sampling"]
@@ -136,8 +137,7 @@ def langevin_frames(
     _check_positive(who, "spacing", spacing, integer=True)
     _check_positive(who, "step_fs", step_fs)
     _check_positive(who, "friction", friction)
-    if not isinstance(equilibration, int) or equilibration < 0:
-        raise ValueError(f"{who}: expected a non-negative int equilibration, got {equilibration!r}")
+    check_count(who, "equilibration", equilibration, minimum=0)
     context, _, integrator = _simulation(target, step_fs, friction, seed, hydrogen_mass)
     _start(context, target, positions, minimize, seed, who)
     if equilibration:

@@ -10,7 +10,7 @@ import torch.nn.functional as F
 from torch import Tensor, nn
 
 from flows._functorch import functorch_active
-from flows._validation import check_context, check_number
+from flows._validation import check_context, check_count, check_number
 
 __all__ = ["MADE"]
 
@@ -140,8 +140,7 @@ class MADE(nn.Module):
         d = in_features
         if not 0 <= check_number("MADE", "dropout", dropout, minimum=0) < 1:
             raise ValueError(f"MADE: expected 0 <= dropout < 1, got {dropout}")
-        if not isinstance(d, int) or d < 1:
-            raise ValueError(f"MADE: expected in_features to be a positive int, got {in_features!r}")
+        check_count("MADE", "in_features", d)
         if not isinstance(out_features, int) or out_features < d or out_features % d:
             raise ValueError(
                 f"MADE: expected out_features to be a positive multiple of in_features={d}, got {out_features!r}"

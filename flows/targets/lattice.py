@@ -5,6 +5,7 @@ from __future__ import annotations
 import torch.nn.functional as F
 from torch import Tensor
 
+from flows._validation import check_count
 from flows.targets.base import EnergyTarget
 
 __all__ = ["PhiFour"]
@@ -61,8 +62,7 @@ class PhiFour(EnergyTarget):
         boundary: str = "dirichlet",
     ) -> None:
         name = type(self).__name__
-        if not isinstance(n, int) or n < 2:
-            raise ValueError(f"{name}: expected an int n >= 2 sites, got {n!r}")
+        check_count(name, "n", n, minimum=2)
         if dims not in (1, 2):
             raise ValueError(f"{name}: expected dims 1 or 2, got {dims!r}")
         if not a > 0 or not beta > 0:

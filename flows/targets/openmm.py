@@ -20,6 +20,7 @@ import numpy as np
 import torch
 from torch import Tensor
 
+from flows._validation import check_count
 from flows.targets.base import EnergyTarget
 
 __all__ = ["MOLAR_GAS_CONSTANT", "OpenMMTarget"]
@@ -130,8 +131,7 @@ class OpenMMTarget(EnergyTarget):
             raise ValueError(f"{name}: expected a system with particles, got {n}")
         if not (isinstance(temperature, (int, float)) and temperature > 0):
             raise ValueError(f"{name}: expected a temperature > 0 (kelvin), got {temperature!r}")
-        if not isinstance(threads, int) or threads < 1:
-            raise ValueError(f"{name}: expected threads to be an int >= 1, got {threads!r}")
+        check_count(name, "threads", threads)
         super().__init__(3 * n)
         self.n_atoms = n
         self.temperature = float(temperature)

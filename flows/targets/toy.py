@@ -13,6 +13,7 @@ from collections.abc import Sequence
 import torch
 from torch import Tensor
 
+from flows._validation import check_count
 from flows.targets.base import EnergyTarget
 
 __all__ = ["Banana", "Funnel"]
@@ -51,8 +52,7 @@ class Funnel(EnergyTarget):
     """
 
     def __init__(self, dim: int, *, scale: float = 3.0, b: float = 1.0) -> None:
-        if not isinstance(dim, int) or dim < 2:
-            raise ValueError(f"Funnel: expected an int dim >= 2, got {dim!r}")
+        check_count("Funnel", "dim", dim, minimum=2)
         if not scale > 0:
             raise ValueError(f"Funnel: expected a positive scale, got {scale}")
         super().__init__(dim)

@@ -40,6 +40,7 @@ from collections.abc import Iterable
 import torch
 from torch import Tensor, nn
 
+from flows._validation import check_count
 from flows.flow import Flow
 from flows.metrics.importance import kish_ess, log_z_estimate, sample_log_weights
 from flows.targets.base import EnergyTarget, as_target
@@ -137,8 +138,7 @@ def reverse_kl_loss(
         True
     """
     temperature = _check_temperature(temperature, "reverse_kl_loss")
-    if not isinstance(n, int) or n < 1:
-        raise ValueError(f"reverse_kl_loss: expected a positive int n, got {n!r}")
+    check_count("reverse_kl_loss", "n", n)
     x, log_q = flow.sample_and_log_prob((n,))
     energy = target.energy(x) / temperature
     log_w = -(energy + log_q)
@@ -287,8 +287,7 @@ class ForwardKL(MaximumLikelihood):
             raise ValueError(
                 f"ForwardKL: {type(target).__name__} has no exact sampler; pass reference samples as batches instead"
             )
-        if not isinstance(batch_size, int) or batch_size < 1:
-            raise ValueError(f"ForwardKL: expected a positive int batch_size, got {batch_size!r}")
+        check_count("ForwardKL", "batch_size", batch_size)
         super().__init__(eval_seed=eval_seed)
         self.target, self.batch_size, self.eval_samples = target, batch_size, eval_samples
 

@@ -32,7 +32,7 @@ import numpy as np
 import torch
 from torch import Tensor
 
-from flows._validation import check_finite
+from flows._validation import check_count, check_finite
 from flows.flow import Flow, evaluating
 
 __all__ = ["ot_assignment", "ot_pairs", "teacher_pairs"]
@@ -132,8 +132,7 @@ def ot_pairs(
         True
     """
     _check_pair_tensors(x, z, "ot_pairs", ("x", "z"))
-    if not isinstance(batch_size, int) or batch_size < 1:
-        raise ValueError(f"ot_pairs: expected a positive int batch_size, got {batch_size!r}")
+    check_count("ot_pairs", "batch_size", batch_size)
     n = x.shape[0]
     if shuffle:
         x = x[torch.randperm(n, generator=generator).to(x.device)]
@@ -184,10 +183,8 @@ def teacher_pairs(
     """
     if not isinstance(teacher, Flow):
         raise TypeError(f"teacher_pairs: expected a Flow as teacher, got {type(teacher).__name__}")
-    if not isinstance(n, int) or isinstance(n, bool) or n < 1:
-        raise ValueError(f"teacher_pairs: expected a positive int n, got {n!r}")
-    if not isinstance(batch_size, int) or batch_size < 1:
-        raise ValueError(f"teacher_pairs: expected a positive int batch_size, got {batch_size!r}")
+    check_count("teacher_pairs", "n", n)
+    check_count("teacher_pairs", "batch_size", batch_size)
     if context is not None:
         if not isinstance(context, Tensor):
             raise TypeError(f"teacher_pairs: expected context to be a torch.Tensor, got {type(context).__name__}")
