@@ -15,11 +15,12 @@ from collections.abc import Callable, Sequence
 import torch
 from torch import Tensor, nn
 
-from flows._validation import check_builder, check_count, check_hidden
+from flows._validation import check_builder, check_count, check_hidden, check_number
 from flows.architectures.autoregressive import _autoregressive_layers
 from flows.architectures.registry import register
 from flows.bijections.base import Bijection, Chain
 from flows.bijections.block_autoregressive import BlockAutoregressive
+from flows.bijections.elementwise import SoftClip
 from flows.bijections.monotone import (
     BernsteinTransformer,
     DeepSigmoidTransformer,
@@ -50,6 +51,7 @@ class _MonotoneAutoregressiveFlow(Flow):
         activation: Callable[[], nn.Module],
         generator: torch.Generator | None,
         standardize: Tensor | Standardize | None,
+        between: Callable[[], Bijection] | None = None,
     ) -> None:
         check_builder(
             type(self).__name__,
@@ -71,6 +73,8 @@ class _MonotoneAutoregressiveFlow(Flow):
             hidden=hidden,
             activation=activation,
         )
+        if between is not None:  # e.g. a soft clip between layers whose outputs are unbounded polynomials
+            layers = [m for layer in layers[:-1] for m in (layer, between())] + layers[-1:]
         super().__init__(Chain(*layers), StandardNormal(features), context=context, standardize=standardize)
 
 
@@ -216,6 +220,10 @@ class SOSPF(_MonotoneAutoregressiveFlow):
         hidden: hidden widths of each MADE (at least one layer).
         degree: degree ``r`` of each squared polynomial.
         squares: number ``K`` of squares.
+        bound: a :class:`~flows.bijections.SoftClip` onto ``(-bound, bound)`` between layers (``None``:
+            none). A stack of odd-degree polynomials grows like :math:`x^{(2r+1)^L}`: without a clip,
+            standardised data with tails (digits pixels reach 22 standard deviations) overflow float32
+            in the second layer and training gives NaN at its first step.
         randperm: random feature orders instead of alternating ones.
         activation: nonlinearity of the MADEs.
         generator: random generator for ``randperm``.
@@ -237,6 +245,7 @@ class SOSPF(_MonotoneAutoregressiveFlow):
         hidden: Sequence[int] = (64, 64),
         degree: int = 2,
         squares: int = 2,
+        bound: float | None = 10.0,
         randperm: bool = False,
         activation: Callable[[], nn.Module] = nn.ReLU,
         generator: torch.Generator | None = None,
@@ -244,6 +253,8 @@ class SOSPF(_MonotoneAutoregressiveFlow):
     ) -> None:
         check_count("SOSPF", "degree", degree, minimum=0)
         check_count("SOSPF", "squares", squares)
+        if bound is not None:
+            check_number("SOSPF", "bound", bound, minimum=0, strict=True)
         self._build(
             features,
             context,
@@ -254,6 +265,7 @@ class SOSPF(_MonotoneAutoregressiveFlow):
             activation=activation,
             generator=generator,
             standardize=standardize,
+            between=None if bound is None else (lambda: SoftClip(features, bound=bound)),
         )
 
 
