@@ -24,7 +24,7 @@ import torch.distributions as td
 import torch.distributions.transforms as tdt
 from torch import Tensor, nn
 
-__all__ = ["Inverted", "adopt", "copyable", "modules_inside", "point_at", "untracked_leaves"]
+__all__ = ["Adopting", "Inverted", "adopt", "copyable", "modules_inside", "point_at", "untracked_leaves"]
 
 Slot = tuple[object, str, str]  # (owner, attribute, registered name)
 
@@ -178,6 +178,25 @@ def point_at(owner: nn.Module, slots: list[Slot]) -> None:
     """Point every slot's attribute at the tensor registered under its name (after ``.to()``, loading)."""
     for holder, key, name in slots:
         object.__setattr__(holder, key, getattr(owner, name))
+
+
+class Adopting:
+    """Mixin of a module that holds a wrapped object's tensors as its own buffers (``self._slots`` from :func:`adopt`).
+
+    ``.to()``/``.double()`` and ``load_state_dict`` replace the buffers; the wrapped object is
+    pointed at the new tensors after each, so it never computes with the old ones.
+    """
+
+    _slots: list
+
+    def _apply(self, fn, recurse: bool = True):  # type: ignore[no-untyped-def]
+        module = super()._apply(fn, recurse)  # type: ignore[misc]
+        point_at(self, self._slots)  # type: ignore[arg-type]
+        return module
+
+    def _load_from_state_dict(self, *args, **kwargs) -> None:  # type: ignore[no-untyped-def]
+        super()._load_from_state_dict(*args, **kwargs)  # type: ignore[misc]
+        point_at(self, self._slots)  # type: ignore[arg-type]
 
 
 def untracked_leaves(output: Tensor, owner: nn.Module) -> int:

@@ -19,7 +19,7 @@ import torch.distributions.transforms as tdt
 from torch import Tensor
 from torch.distributions import constraints
 
-from flows._adoption import adopt, copyable, modules_inside, point_at, untracked_leaves
+from flows._adoption import Adopting, adopt, copyable, modules_inside, untracked_leaves
 from flows._validation import check_event
 from flows.bijections.base import Bijection, inside, is_real, over_event
 
@@ -62,7 +62,7 @@ def _probe_bijective(t: tdt.Transform, shape: tuple[int, ...], module_dtype: tor
     return None
 
 
-class TorchTransform(Bijection):
+class TorchTransform(Adopting, Bijection):
     r"""A bijective ``torch.distributions`` transform, with its log-determinant summed over the event.
 
     * forward: :math:`z = t(x)`, :math:`\log|\det J| = \sum_{\text{event}} t.\text{log\_abs\_det\_jacobian}(x, z)`;
@@ -162,16 +162,6 @@ class TorchTransform(Bijection):
     def codomain(self) -> constraints.Constraint:
         """The wrapped transform's codomain, over the whole event."""
         return over_event(self.transform.codomain, len(self.event_shape))
-
-    def _apply(self, fn, recurse: bool = True):
-        # .to()/.double() replace the buffers; the transform must use the new tensors.
-        module = super()._apply(fn, recurse)
-        point_at(self, self._slots)
-        return module
-
-    def _load_from_state_dict(self, *args, **kwargs) -> None:
-        super()._load_from_state_dict(*args, **kwargs)
-        point_at(self, self._slots)
 
     def _ladj(self, x: Tensor, z: Tensor) -> Tensor:
         ladj = self.transform.log_abs_det_jacobian(x, z)

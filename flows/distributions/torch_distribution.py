@@ -10,7 +10,7 @@ import torch.distributions.transforms as tdt
 from torch import Tensor, nn
 from torch.distributions import constraints
 
-from flows._adoption import adopt, copyable, point_at
+from flows._adoption import Adopting, adopt, copyable
 from flows._validation import check_event
 from flows.distributions.base import Distribution
 
@@ -104,7 +104,7 @@ def check_support(distribution: td.Distribution, who: str = "TorchDistribution")
     return support
 
 
-class TorchDistribution(Distribution):
+class TorchDistribution(Adopting, Distribution):
     r"""A :class:`torch.distributions.Distribution` as a base-distribution module.
 
     The distribution's tensor arguments (``loc``, ``scale``, ``df``, ...) become buffers, so they
@@ -187,16 +187,6 @@ class TorchDistribution(Distribution):
         self._slots = adopt(self, inner, "TorchDistribution", path="d")
         self._held, self._names = inner, []
         self._reinterpreted = len(inner.batch_shape)
-
-    def _apply(self, fn, recurse: bool = True):
-        # .to()/.double() replace the buffers; a held distribution must use the new tensors.
-        module = super()._apply(fn, recurse)
-        point_at(self, self._slots)
-        return module
-
-    def _load_from_state_dict(self, *args, **kwargs) -> None:
-        super()._load_from_state_dict(*args, **kwargs)
-        point_at(self, self._slots)
 
     def distribution(self) -> td.Distribution:
         """The wrapped distribution, rebuilt from the current buffers (all dimensions as event dimensions)."""
