@@ -298,7 +298,13 @@ def _option_attacks() -> list[Attack]:
 def _runaway_interval() -> Result:
     """Issue 27's hang: ``t1=1e300`` ran 395,589 evaluations; ``1e30`` (finite in float32) must stop at the bound."""
     _, build, run = _cnf_target()
-    return expect_clear(lambda: run(build(t1=1e30)), names=("max_evaluations",), accepted="a solve over [0, 1e30]")
+    # Seeded: for some random fields (2 of 12 seeds) the flow has an attractor, the adaptive steps grow
+    # without bound once there, and a solve over [0, 1e30] ends legitimately inside the bound; seed 0's
+    # field keeps moving, so the solve must hit max_evaluations.
+    with torch.random.fork_rng():
+        torch.manual_seed(0)
+        cnf = build(t1=1e30)
+    return expect_clear(lambda: run(cnf), names=("max_evaluations",), accepted="a solve over [0, 1e30]")
 
 
 def attacks() -> list[Attack]:
