@@ -3,11 +3,13 @@
 Protocol: the reference notebook's architecture at width 64 (``patch 4, 4 blocks × 2 layers``,
 about 0.43 M parameters on MNIST), class-conditional (10 classes), trained for a wall-clock budget
 on **uniformly dequantised** images ``v = (x + u) / 256`` mapped to ``[-1, 1]`` (the map's log-det
-``D log 2`` is counted), AdamW (betas 0.9/0.95, weight decay 1e-4), a linear warm-up, gradient
-clipping at 1, one thread. Reported:
+``D log 2`` is counted), AdamW (betas 0.9/0.95, weight decay 1e-4), a linear warm-up then a cosine decay over the
+wall-clock budget (``--schedule``), gradient clipping at 1, one thread. Reported:
 
 * test bits/dim (:func:`flows.metrics.bits_per_dim` of the density on ``[0, 1]^D``, one
   dequantisation draw) on the first ``--eval-images`` test images and, with ``--all-test``, all of them;
+  an image whose float32 log-density overflows (a scale beyond ``e^±88``) is scored again in float64,
+  and the number of such images is reported (``float64_rescored``);
 * Bayes accuracy (:func:`flows.classify.bayes_classifier`, uniform prior, ``K`` passes) on the first
   ``--classify-images`` test images, scored the way the model was trained (dequantised inputs,
   plus the model's noise σ for a ``--noise-std`` model, whose accuracy on clean inputs, the
@@ -15,7 +17,8 @@ clipping at 1, one thread. Reported:
   (:func:`flows.classify.gradient_classifier`) on the same inputs;
 * the median training step time and the number of steps;
 * the time to draw 100 samples (10 per class; denoised by a Tweedie step for a noise model) and
-  how many are finite; a 10 × 10 grid (``--out``).
+  how many are finite; a 10 × 10 grid (``--out``), and with ``--guidance w`` a second grid drawn
+  with classifier-free guidance of weight ``w`` from the same noise.
 
 ``--noise-std σ`` trains on Gaussian-noised images (TarFlow's sample-quality recipe; σ in
 ``[-1, 1]`` units on top of the dequantisation, so its bits/dim are those of a noised model).
@@ -37,6 +40,7 @@ folder and compare at the same budget.
 from __future__ import annotations
 
 import argparse
+import copy
 import math
 import statistics
 import time
@@ -136,6 +140,19 @@ def alignment(args: argparse.Namespace, encoder: nn.Module | None) -> Representa
     )
 
 
+def learning_rate(args: argparse.Namespace, step: int, elapsed: float) -> float:
+    """The learning rate at ``step``, ``elapsed`` seconds into training.
+
+    A linear warm-up over ``args.warmup`` steps, then constant or (``--schedule cosine``) a cosine
+    decay to 0 over the **wall-clock** budget, ``lr · ½(1 + cos(π t / budget))`` (the reference's
+    cosine, in time rather than steps, since the budget is a time).
+    """
+    warm = min(1.0, (step + 1) / args.warmup)
+    if args.schedule == "constant":
+        return args.lr * warm
+    return args.lr * warm * 0.5 * (1 + math.cos(math.pi * min(1.0, elapsed / args.seconds)))
+
+
 def train(flow: flows.TarFlow, images, labels, levels: int, args: argparse.Namespace, align=None) -> list[float]:
     """Train for ``args.seconds`` of wall clock; returns the step times."""
     parameters = [*flow.parameters(), *(align.projector.parameters() if align is not None else ())]
@@ -149,7 +166,7 @@ def train(flow: flows.TarFlow, images, labels, levels: int, args: argparse.Names
         index = torch.randint(len(images), (args.batch,), generator=generator)
         x = model_inputs(images[index], levels, args.noise_std, generator)
         for group in optimizer.param_groups:
-            group["lr"] = args.lr * min(1.0, (step + 1) / args.warmup)
+            group["lr"] = learning_rate(args, step, time.perf_counter() - start)
         context = flow.class_context(labels[index])
         if align is None:
             loss = -(flow.log_prob(x, context) + dims * math.log(2)).mean() / dims
@@ -174,17 +191,27 @@ def evaluate(flow: flows.TarFlow, images, labels, levels: int, args: argparse.Na
     generator = torch.Generator().manual_seed(args.seed + 1)
     dims = images[0].numel()
 
+    wide = copy.deepcopy(flow).double()
+    overflowed = {}
+
     def bpd(n: int) -> float:
-        values = []
+        values, redone = [], 0
         for i in range(0, n, 500):
             v = uniform_dequantize(images[i : i + 500], levels, generator=generator)
-            values.append(bits_per_dim(log_density(flow, v, labels[i : i + 500]), dims, levels))
+            log_p = log_density(flow, v, labels[i : i + 500])
+            bad = ~torch.isfinite(log_p)  # a float32 overflow (a scale beyond e^±88): score those rows in float64
+            if bad.any():
+                log_p[bad] = log_density(wide, v[bad].double(), labels[i : i + 500][bad]).to(log_p.dtype)
+                redone += int(bad.sum())
+            values.append(bits_per_dim(log_p, dims, levels))
+        overflowed[n] = redone
         return torch.cat(values).mean().item()
 
     n_eval = min(args.eval_images, len(images))
-    result = {"bits_per_dim": bpd(n_eval), "eval_images": n_eval}
+    result = {"bits_per_dim": bpd(n_eval), "eval_images": n_eval, "float64_rescored": overflowed[n_eval]}
     if args.all_test:
         result["bits_per_dim_all"] = bpd(len(images))
+        result["float64_rescored_all"] = overflowed[len(images)]
     n_cls = min(args.classify_images, len(images))
     x = model_inputs(images[:n_cls], levels, 0.0, generator)  # scored as trained: noised with the model's σ
     noise = "model" if flow.noise_std else None
@@ -198,11 +225,17 @@ def evaluate(flow: flows.TarFlow, images, labels, levels: int, args: argparse.Na
     result["gradient_accuracy"] = (predicted == labels[:n_cls]).double().mean().item()
     result["classify_images"] = n_cls
     y = flow.class_context(torch.arange(100) % 10)
+    torch.manual_seed(args.seed)
     t0 = time.perf_counter()
     x = flow.sample(context=y, denoise=True if flow.noise_std else None)
     result["sample_100_s"] = time.perf_counter() - t0
     result["finite_samples"] = int(torch.isfinite(x.flatten(1)).all(1).sum())
     result["samples"] = x
+    if args.guidance:  # classifier-free guidance (TarFlow's), from the same noise seed
+        torch.manual_seed(args.seed)
+        x = flow.sample(context=y, denoise=True if flow.noise_std else None, guidance=args.guidance)
+        result["finite_guided"] = int(torch.isfinite(x.flatten(1)).all(1).sum())
+        result["guided"] = x
     return result
 
 
@@ -242,10 +275,13 @@ def parse(argv: list[str] | None) -> argparse.Namespace:
     p.add_argument("--batch", type=int, default=64)
     p.add_argument("--lr", type=float, default=2e-3)
     p.add_argument("--warmup", type=int, default=100, help="linear warm-up steps")
+    p.add_argument("--schedule", choices=["cosine", "constant"], default="cosine", help="after the warm-up")
     p.add_argument("--eval-images", type=int, default=2000)
     p.add_argument("--all-test", action="store_true", help="also score every test image")
     p.add_argument("--classify-images", type=int, default=500)
     p.add_argument("--out", default=None, help="folder for the sample grid")
+    p.add_argument("--guidance", type=float, default=0.0, help="also draw 100 samples with this guidance weight")
+    p.add_argument("--save", default=None, help="write the trained flow here (flows.save_model)")
     p.add_argument("--verbose", action="store_true")
     return _harness.setup(p.parse_args(argv))
 
@@ -273,8 +309,10 @@ def main(argv: list[str] | None = None) -> dict[str, float]:
         align = None
     torch.manual_seed(args.seed)
     times = train(flow, x_tr, y_tr, levels, args, align)
+    if args.save:
+        flows.save_model(flow, args.save)
     result = evaluate(flow, x_te, y_te, levels, args)
-    samples = result.pop("samples")
+    samples, guided = result.pop("samples"), result.pop("guided", None)
     result.update(steps=len(times), median_step_s=statistics.median(times) if times else float("nan"))
     result["parameters"] = parameters
     if encoder_steps is not None:
@@ -287,6 +325,8 @@ def main(argv: list[str] | None = None) -> dict[str, float]:
         out.mkdir(parents=True, exist_ok=True)
         title = f"TarFlow {args.data}, {result['bits_per_dim']:.3f} bits/dim; column k: class k"
         sample_grid(samples, out / f"tarflow_{args.data}_samples.png", title)
+        if guided is not None:
+            sample_grid(guided, out / f"tarflow_{args.data}_guided.png", f"{title}, guidance {args.guidance:g}")
     return result
 
 

@@ -532,14 +532,40 @@ def test_the_benchmark_runs_end_to_end_at_a_tiny_budget(tmp_path, capsys) -> Non
         main = run_script(str(script), run_name="benchmark")["main"]
         argv = ["--data", "digits", "--seconds", "0.5", "--patch", "4", "--blocks", "2", "--layers", "1"]
         argv += ["--width", "16", "--eval-images", "50", "--classify-images", "20", "--out", str(tmp_path)]
+        argv += ["--scale", "sigmoid", "--guidance", "1", "--save", str(tmp_path / "model")]
         result = main(argv)
     finally:
         torch.set_num_threads(threads)
     assert result["steps"] >= 1 and result["eval_images"] == 50 and result["classify_images"] == 20
     assert math.isfinite(result["bits_per_dim"]) and 0 <= result["bayes_accuracy"] <= 1
-    assert 0 <= result["finite_samples"] <= 100
+    assert result["finite_samples"] == result["finite_guided"] == 100  # the bounded scale cannot overflow
+    assert result["float64_rescored"] == 0
     assert (tmp_path / "tarflow_digits_samples.png").stat().st_size > 1000
+    assert (tmp_path / "tarflow_digits_guided.png").stat().st_size > 1000
+    saved = flows.load_model(tmp_path / "model")
+    assert saved.transform is not None and sum(p.numel() for p in saved.parameters()) == result["parameters"]
     assert "bits_per_dim" in capsys.readouterr().out
+
+
+def test_the_table_benchmark_runs_end_to_end_at_a_tiny_budget(capsys) -> None:
+    from pathlib import Path
+
+    from tests.scripts import run_script
+
+    script = Path(__file__).resolve().parents[1] / "benchmarks" / "tarflow_tables.py"
+    threads = torch.get_num_threads()
+    try:
+        main = run_script(str(script), run_name="benchmark")["main"]
+        argv = ["--data", "digits", "--budget", "0.3", "--round", "0.15", "--tarflow-transforms", "1"]
+        argv += ["--tarflow-width", "8", "--tarflow-layers", "1", "--nsf-transforms", "1", "--nsf-hidden", "8"]
+        rows = main(argv)
+    finally:
+        torch.set_num_threads(threads)
+    assert [row["model"] for row in rows] == ["TarFlow", "NSF"]
+    for row in rows:
+        assert row["steps"] >= 1 and row["seconds"] >= 0.3 and 1 <= row["best_step"] <= row["steps"]
+        assert math.isfinite(row["test"]) and row["test"] > 0  # bits/dim of the digits
+    assert "| digits | TarFlow |" in capsys.readouterr().out
 
 
 def test_a_small_tarflow_learns_the_correlations_of_a_gaussian_table() -> None:
