@@ -221,7 +221,7 @@ def _check_model_flags(args: argparse.Namespace) -> None:
 
 
 def _check_labels_flags(args: argparse.Namespace) -> None:
-    """``--labels`` needs a builder with ``num_classes=``; ``num_classes`` comes from the data, never an ``--option``."""
+    """``--labels`` needs labelled data and a builder with ``num_classes=`` (from the data, never an ``--option``)."""
     import inspect
 
     from flows.architectures.registry import get

@@ -77,8 +77,9 @@ def sample(args: argparse.Namespace) -> int:
 
 
 def _conditioning(args: argparse.Namespace, model: torch.nn.Module) -> tuple[dict, torch.Tensor | None, str]:
-    """The keywords of ``model.sample`` for ``--class``/``--guidance``/``--schedule``/``--denoise``, the class context
-    (``None`` for a model without classes), and the words that say so in the picture's title.
+    """The ``model.sample`` keywords, class context and title words of ``--class/--guidance/--schedule/--denoise``.
+
+    The context is ``None`` for a model without classes; the words say in the picture's title what was drawn.
 
     Raises:
         ValueError: for ``--class`` or ``--guidance`` on a model without classes, a class out of range,

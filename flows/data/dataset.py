@@ -36,7 +36,15 @@ from flows.data.digits import DIGITS_LEVELS, load_digits
 from flows.data.mnist import MNIST_LEVELS, load_mnist
 from flows.data.tabular import SKLEARN_TABLES, csv_columns, load_array, load_miniboone, load_sklearn_table
 
-__all__ = ["DATASETS", "LABELLED_DATASETS", "Dataset", "data_fingerprint", "load_dataset", "split_data", "split_labelled"]
+__all__ = [
+    "DATASETS",
+    "LABELLED_DATASETS",
+    "Dataset",
+    "data_fingerprint",
+    "load_dataset",
+    "split_data",
+    "split_labelled",
+]
 
 DATASETS = ("digits", *SKLEARN_TABLES, "moons", "circles", "miniboone", "mnist")
 """Names :func:`load_dataset` knows (any other argument is treated as a file path)."""
@@ -111,8 +119,9 @@ def data_fingerprint(data: Dataset) -> dict[str, str]:
     ``sha256`` covers the values of every split (for each of train, val, test: its name, dtype,
     shape and bytes), so it changes with the data and with the split settings, and not with how a
     file is formatted. Labelled data (``labels=True``) adds each split's labels after the rows;
-    unlabelled data hashes exactly as before labels existed. For data read from a file, ``file_sha256`` is the digest of the file's bytes
-    and ``file`` its path. ``flows fit`` records these in ``run.json`` and in its checkpoints.
+    unlabelled data hashes exactly as before labels existed. For data read from a file,
+    ``file_sha256`` is the digest of the file's bytes and ``file`` its path. ``flows fit`` records
+    these in ``run.json`` and in its checkpoints.
 
     Example:
         >>> a, b = load_dataset("iris"), load_dataset("iris", seed=1)

@@ -233,9 +233,7 @@ def evaluate_log_likelihood(
         ``{"log_likelihood", "stderr", "n"}`` plus ``"bits_per_dim"`` with ``levels``.
     """
     if context is not None and len(context) != len(x):
-        raise ValueError(
-            f"evaluate_log_likelihood: expected one context row per sample ({len(x)}), got {len(context)}"
-        )
+        raise ValueError(f"evaluate_log_likelihood: expected one context row per sample ({len(x)}), got {len(context)}")
     anchor = next(iter(model.parameters()))
     generator = torch.Generator().manual_seed(seed)
     per_sample = torch.zeros(len(x), dtype=torch.float64)
