@@ -213,6 +213,7 @@ def test_check_runs_a_labelled_model_at_its_classes(labelled_run: Path, capsys) 
         (["sample", "PLAIN", "--guidance", "1"], r"--guidance 1.0: expected a class-conditional model .* got RealNVP"),
         (["sample", "PLAIN", "--class", "2"], r"--class 2: expected a class-conditional model .* got RealNVP"),
         (["eval", "PLAIN", "--classify"], r"--classify: expected a run of a class-conditional flow .* has no classes"),
+        (["eval", "LABELLED", "--classify", "--draws", "3"], r"--draws 3: expected it without --classify"),
     ],
 )
 def test_labelled_errors_are_one_line_with_status_2(

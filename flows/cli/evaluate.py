@@ -86,10 +86,17 @@ def eval(args: argparse.Namespace) -> int:
     if x is None:
         raise ValueError(f"the data set {data.name!r} has no {args.split} split")
     labels = data.labels_of(args.split) if _num_classes(model) else None
+    draws = getattr(args, "draws", None)
     if getattr(args, "classify", False):
+        if draws is not None:
+            raise ValueError(
+                f"--draws {draws}: expected it without --classify (the accuracy scores one dequantization draw, "
+                "the first of eval's), got both"
+            )
         return _print_accuracy(args, model, data, x, labels)
+    draws = 10 if draws is None else draws
     context = None if labels is None else _class_index(model, labels)
-    result = evaluate_log_likelihood(model, x, levels=data.levels, draws=args.draws, context=context)
+    result = evaluate_log_likelihood(model, x, levels=data.levels, draws=draws, context=context)
     given = ""
     if context is not None:
         result["conditional"] = True
@@ -100,10 +107,7 @@ def eval(args: argparse.Namespace) -> int:
         ll, se, n = result["log_likelihood"], result["stderr"], result["n"]
         print(f"{args.split} log-likelihood{given}: {ll:.4f} ± {se:.4f} nats ({n} samples)")
         if "bits_per_dim" in result:
-            print(
-                f"{args.split} bits/dim{given}: {result['bits_per_dim']:.4f}  ({data.levels} levels, "
-                f"{args.draws} draws)"
-            )
+            print(f"{args.split} bits/dim{given}: {result['bits_per_dim']:.4f}  ({data.levels} levels, {draws} draws)")
     return 0
 
 

@@ -73,8 +73,7 @@ def _eval_options(sub: argparse._SubParsersAction) -> None:
     ev.add_argument(
         "--draws",
         type=_integer(1, _MAX_DRAWS, "a number of draws"),
-        default=10,
-        help="dequantization draws for integer data (default: 10)",
+        help="dequantization draws for integer data, for the log-likelihood (default: 10)",
     )
     ev.add_argument("--data-dir", help="data directory for real data sets")
     ev.add_argument("--json", action="store_true", help="print the result as JSON")
@@ -104,11 +103,13 @@ def _sample_options(sub: argparse._SubParsersAction) -> None:
     sample.add_argument(
         "--class",
         dest="label",
+        metavar="K",
         type=_integer(0, what="a class index"),
         help="class-conditional runs (flows fit --labels): draw samples of this class (default: the classes in turn)",
     )
     sample.add_argument(
         "--guidance",
+        metavar="W",
         type=_real(),
         help="class-conditional runs: classifier-free guidance weight w (0: the conditional model; default: none, "
         "plain sampling)",
