@@ -11,8 +11,31 @@ import torch
 __all__: list[str] = []
 
 
+def _class_index(model: torch.nn.Module, labels: torch.Tensor) -> torch.Tensor:
+    """The context of a class-conditional flow for integer ``labels`` ``(N,)``: the class index as a float ``(N, 1)``.
+
+    What :meth:`flows.TarFlow.class_context` returns, on the CPU (the trainer moves batches to its device).
+    """
+    dtype = next((p.dtype for p in model.parameters() if p.is_floating_point()), torch.get_default_dtype())
+    return labels.detach().cpu().to(dtype).reshape(-1, 1)
+
+
+def _num_classes(model: torch.nn.Module) -> int:
+    """The number of classes of a class-conditional flow (0 for a flow without classes)."""
+    return int(getattr(model, "num_classes", 0) or 0)
+
+
+def _cycling_classes(model: torch.nn.Module, n: int) -> torch.Tensor | None:
+    """A context of ``n`` class indices ``0, 1, ..., K-1, 0, ...`` for a class-conditional flow (else ``None``)."""
+    classes = _num_classes(model)
+    return None if not classes else _class_index(model, torch.arange(n) % classes)
+
+
 def _pictures(model: torch.nn.Module, data, directory: Path, name: str = "samples", n: int = 64) -> list[Path]:
-    """Pictures of samples: an image grid, 2-D density contours, or a corner plot, by data kind."""
+    """Pictures of samples: an image grid, 2-D density contours, or a corner plot, by data kind.
+
+    A class-conditional flow draws its samples cycling through the classes (``0, 1, ..., K-1, 0, ...``).
+    """
     from flows.flow import evaluating
     from flows.plot import plot_corner, plot_density_2d, plot_image_grid
     from flows.train._atomic import atomic_path
@@ -20,10 +43,14 @@ def _pictures(model: torch.nn.Module, data, directory: Path, name: str = "sample
     written = []
     with evaluating(model), torch.no_grad():
         if data.image_shape is not None:
-            samples = model.sample((n,))
+            context = _cycling_classes(model, n)
+            samples = model.sample((n,)) if context is None else model.sample(context=context.to(model.device))
             path = directory / f"{name}.png"
+            by_class = "" if context is None else f", classes 0..{_num_classes(model) - 1} in turn"
             with atomic_path(path) as temporary:
-                plot_image_grid(samples, temporary, image_shape=data.image_shape, title=f"samples ({data.name})")
+                plot_image_grid(
+                    samples, temporary, image_shape=data.image_shape, title=f"samples ({data.name}{by_class})"
+                )
             written.append(path)
         elif data.features == 2:
             path = directory / "density.png"

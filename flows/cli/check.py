@@ -7,6 +7,7 @@ import math
 
 import torch
 
+from flows.cli._common import _class_index, _cycling_classes, _num_classes
 from flows.cli.evaluate import load_run_model
 
 __all__ = ["check"]
@@ -32,13 +33,17 @@ def check(args: argparse.Namespace) -> int:
     model = model.double().eval()
     if args.num < 1:
         raise ValueError(f"expected --num >= 1, got {args.num}")
+    context = None  # a class-conditional model is checked at the rows' own classes (or the classes in turn)
     if data is not None:
-        source = data.test if data.test is not None else data.train
-        x = source[: args.num]
+        split = "test" if data.test is not None else "train"
+        x = getattr(data, split)[: args.num]
         x = uniform_dequantize(x, data.levels, dtype=torch.float64) if data.levels else x.double()
+        labels = data.labels_of(split) if _num_classes(model) else None
+        context = _cycling_classes(model, len(x)) if labels is None else _class_index(model, labels[: args.num])
     else:
+        context = _cycling_classes(model, args.num)
         with torch.no_grad():
-            x = model.sample((args.num,))
+            x = model.sample((args.num,)) if context is None else model.sample(context=context)
     failures = 0
     inputs = x
     print(f"{'layer':>8}  {'transform':<22} {'worst error':>12}  result")
@@ -46,7 +51,7 @@ def check(args: argparse.Namespace) -> int:
         if name == "all":
             x = inputs
         try:
-            report = check_bijection(layer, x, atol=args.atol, rtol=args.atol)
+            report = check_bijection(layer, x, context, atol=args.atol, rtol=args.atol)
             worst, status = max(report.values(), default=0.0), "ok"
         except BijectionCheckError as error:
             worst, status = math.nan, f"FAILED: {error}"
@@ -54,7 +59,7 @@ def check(args: argparse.Namespace) -> int:
         print(f"{name:>8}  {type(layer).__name__:<22} {worst:12.2e}  {status}")
         if name != "all":
             with torch.no_grad():
-                x = layer(x)
+                x = layer(x, context)
     print(
         f"{failures} failure(s)" if failures else "every layer passed (round trips, fused calls, log-det vs autograd)"
     )

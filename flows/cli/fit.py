@@ -15,7 +15,7 @@ from typing import TYPE_CHECKING, Any
 
 import torch
 
-from flows.cli._common import _check_writable_directory, _pictures, _verify_fingerprint
+from flows.cli._common import _check_writable_directory, _class_index, _pictures, _verify_fingerprint
 from flows.cli.fit_flags import OBJECTIVE_OPTIONS, check_objective_flags, data_spec, resume_policy, run_settings
 
 if TYPE_CHECKING:
@@ -217,6 +217,34 @@ def _check_model_flags(args: argparse.Namespace) -> None:
         )
     _check_options(args.model, args.option, args.objective)
     check_objective_flags(args)
+    _check_labels_flags(args)
+
+
+def _check_labels_flags(args: argparse.Namespace) -> None:
+    """``--labels`` needs labelled data and a builder with ``num_classes=`` (from the data, never an ``--option``)."""
+    import inspect
+
+    from flows.architectures.registry import get
+
+    if any(key == "num_classes" for key, _ in args.option):
+        raise ValueError(
+            "--option num_classes=...: expected --labels to train a class-conditional flow (the number of classes "
+            "comes from the data), got num_classes as an --option"
+        )
+    if not args.labels:
+        return
+    from flows.data.dataset import LABELLED_DATASETS
+
+    if str(args.data) not in LABELLED_DATASETS:
+        raise ValueError(
+            f"--labels: expected --data with class labels ({', '.join(LABELLED_DATASETS)}), got --data {args.data}"
+        )
+    builder = get(args.model, None)
+    if builder is not None and "num_classes" not in inspect.signature(builder).parameters:
+        raise ValueError(
+            f"--labels: expected a builder that takes num_classes= (a class-conditional flow, e.g. TarFlow; see "
+            f"flows models), got --model {args.model}, which has no num_classes"
+        )
 
 
 def _build_model(run: _Run) -> torch.nn.Module:
@@ -227,11 +255,24 @@ def _build_model(run: _Run) -> torch.nn.Module:
     args = run.args
     torch.manual_seed(args.seed)
     options = {"transforms": args.transforms, "hidden": args.hidden, **dict(args.option)}
+    if run.data.num_classes is not None:  # --labels: a class-conditional flow
+        options["num_classes"] = run.data.num_classes
     model = model_for_data(run.data, args.model, standardize=not args.no_standardize, **options)
     run.config = describe_model(model)  # what the checkpoints, run.json and the model file record
     n_params = sum(p.numel() for p in model.parameters())
-    run.say(f"model {args.model} ({n_params:,} parameters), {run.config['preprocessing'] or 'no'} preprocessing")
+    classes = f", {run.data.num_classes} classes" if run.data.num_classes is not None else ""
+    run.say(
+        f"model {args.model} ({n_params:,} parameters{classes}), {run.config['preprocessing'] or 'no'} preprocessing"
+    )
     return model
+
+
+def _split(run: _Run, name: str) -> object:
+    """A split as the trainer takes it: the rows, or ``(rows, class index)`` for labelled data (``--labels``)."""
+    rows, labels = getattr(run.data, name), run.data.labels_of(name)
+    if rows is None or labels is None:
+        return rows
+    return rows, _class_index(run.trainer.model, labels)
 
 
 def _objective(args: argparse.Namespace, model: torch.nn.Module, data) -> object:
@@ -329,7 +370,7 @@ def _start_or_resume(run: _Run) -> None:
     if args.resume:
         run.untrained = read_run_file(run.out).get("untrained_val_loss")
     else:  # the yardstick of divergence: the untrained model's validation loss (every process evaluates)
-        run.untrained = run.trainer.evaluate(run.data.val, batch_size=args.batch_size).get("loss")
+        run.untrained = run.trainer.evaluate(_split(run, "val"), batch_size=args.batch_size).get("loss")
     run.record = {
         "data": run.spec,
         "data_fingerprint": run.fingerprint,
@@ -357,6 +398,7 @@ def _resume(run: _Run) -> list[dict]:
 
     trainer, out = run.trainer, run.out
     saved = read_checkpoint_header(run.checkpoint)
+    _check_same_labels(saved, run.spec, out)
     check_same_run(saved, run.config, run.spec, out)
     _verify_fingerprint(saved.get("info", {}), run.fingerprint, run.checkpoint, "fit --resume", refuse=True)
     before = saved["info"].get("fit") or read_run_file(out).get("fit", {})
@@ -369,14 +411,27 @@ def _resume(run: _Run) -> list[dict]:
     return [*read_run_file(out).get("resumes", []), record]
 
 
+def _check_same_labels(header: dict, spec: dict, out: Path) -> None:
+    """Refuse to resume a run with ``--labels`` without it, or the other way round (one line naming both)."""
+    recorded = (header.get("info") or {}).get("data") or {}
+    before, now = bool(recorded.get("labels")), bool(spec.get("labels"))
+    if before != now:
+        had = "with --labels (class-conditional)" if before else "without --labels (unconditional)"
+        asked = "with --labels" if now else "without --labels"
+        raise ValueError(
+            f"--resume: expected the run's --labels setting, got a command {asked} for the run in {str(out)!r}, "
+            f"trained {had}; repeat the original command (see run.json) with --resume"
+        )
+
+
 def _train(run: _Run) -> None:
     """Train to the stopping rules (or a signal), then leave the process group."""
     from flows.train.distributed import cleanup_distributed, is_distributed
 
     args = run.args
     run.trainer.fit(
-        run.data.train,
-        run.data.val,
+        _split(run, "train"),
+        _split(run, "val"),
         epochs=args.epochs,
         batch_size=args.batch_size,
         time_budget=args.time_budget,
@@ -435,9 +490,12 @@ def _result(run: _Run) -> dict:
     epochs = trainer.history.last().get("epoch", trainer.epoch)
     result = {"epochs": epochs, "steps": trainer.step, "train_seconds": round(trainer.elapsed, 2)}
     if data.test is not None:
+        context = None if data.test_labels is None else _class_index(trainer.model, data.test_labels)
         result["test"] = evaluate_log_likelihood(
-            trainer.model.cpu(), data.test, levels=data.levels, draws=10 if data.levels else 1
+            trainer.model.cpu(), data.test, levels=data.levels, draws=10 if data.levels else 1, context=context
         )
+        if context is not None:
+            result["test"]["conditional"] = True  # log p(x | y), given the test labels
     return result
 
 
@@ -466,11 +524,15 @@ def _report(run: _Run, result: dict, written: list[Path]) -> int:
         say(f"step {event['step']}: {event['message']}")
     if "test" in result:
         test = result["test"]
-        line = f"test log-likelihood: {test['log_likelihood']:.4f} ± {test['stderr']:.4f} nats ({test['n']} samples)"
+        given = " (conditional, log p(x|y))" if test.get("conditional") else ""
+        line = (
+            f"test log-likelihood{given}: {test['log_likelihood']:.4f} ± {test['stderr']:.4f} nats "
+            f"({test['n']} samples)"
+        )
         if "bits_per_dim" in test:
             line = (
-                f"test bits/dim: {test['bits_per_dim']:.3f}  ({run.data.levels} levels, {test['n']} test samples)\n"
-                + line
+                f"test bits/dim{given}: {test['bits_per_dim']:.3f}  ({run.data.levels} levels, {test['n']} test "
+                "samples)\n" + line
             )
         print(line)
     files = ", ".join(str(p) for p in written)

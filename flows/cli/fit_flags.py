@@ -129,6 +129,17 @@ FIT_FLAGS: tuple[FitFlag, ...] = (
         {"type": _real(0, high=1, open_high=True), "default": 0.2, "help": "test fraction (default: 0.2)"},
     ),
     FitFlag(
+        "labels",
+        "data",
+        "data",
+        {
+            "action": "store_true",
+            "help": "train a class-conditional flow on the data set's labels (digits, mnist; a builder with "
+            "num_classes, see 'flows models'): the test log-likelihood is log p(x|y), and flows eval --classify and "
+            "flows sample --class use the classes",
+        },
+    ),
+    FitFlag(
         "no_standardize",
         "data",
         "model",
@@ -393,9 +404,12 @@ def run_settings(args: argparse.Namespace, flags: Iterable[FitFlag] = FIT_FLAGS)
 def data_spec(args: argparse.Namespace, flags: Iterable[FitFlag] = FIT_FLAGS) -> dict[str, object]:
     """The run's data spec: the flags of policy ``data``, as :func:`flows.data.load_dataset` arguments.
 
-    ``--data`` is the data set's ``name`` (a path as its string).
+    ``--data`` is the data set's ``name`` (a path as its string). ``labels`` enters the spec only
+    when it is set (``labels: true``), so the spec of an unlabelled run is what it was before the flag.
     """
     spec = {f.name: getattr(args, f.name) for f in flags if f.resume == "data"}
+    if not spec.get("labels"):
+        spec.pop("labels", None)
     return {("name" if k == "data" else k): (str(v) if k == "data" else v) for k, v in spec.items()}
 
 

@@ -67,17 +67,22 @@ def _fit_options(sub: argparse._SubParsersAction) -> None:
 
 def _eval_options(sub: argparse._SubParsersAction) -> None:
     """``flows eval RUN``."""
-    ev = sub.add_parser("eval", help="test log-likelihood (and bits/dim) of a trained run")
+    ev = sub.add_parser("eval", help="test log-likelihood (and bits/dim) of a trained run, or its accuracy")
     ev.add_argument("run", type=Path, help="run directory, model file (.safetensors) or checkpoint (.ckpt)")
     ev.add_argument("--split", choices=("test", "val", "train"), default="test")
     ev.add_argument(
         "--draws",
         type=_integer(1, _MAX_DRAWS, "a number of draws"),
-        default=10,
-        help="dequantization draws for integer data (default: 10)",
+        help="dequantization draws for integer data, for the log-likelihood (default: 10)",
     )
     ev.add_argument("--data-dir", help="data directory for real data sets")
     ev.add_argument("--json", action="store_true", help="print the result as JSON")
+    ev.add_argument(
+        "--classify",
+        action="store_true",
+        help="class-conditional runs (flows fit --labels): print the Bayes-rule accuracy on the split (uniform "
+        "prior) instead of the log-likelihood",
+    )
     ev.add_argument(
         "--allow-changed-data",
         action="store_true",
@@ -95,6 +100,30 @@ def _sample_options(sub: argparse._SubParsersAction) -> None:
     sample.add_argument("--out", type=Path, help="output .npy file (default: <run>/samples.npy)")
     sample.add_argument("--picture", type=Path, help="output picture (default: the .npy path with .png)")
     sample.add_argument("--seed", type=_integer(0, _MAX_SEED, "a seed"), default=0, help="seed (default: 0)")
+    sample.add_argument(
+        "--class",
+        dest="label",
+        metavar="K",
+        type=_integer(0, what="a class index"),
+        help="class-conditional runs (flows fit --labels): draw samples of this class (default: the classes in turn)",
+    )
+    sample.add_argument(
+        "--guidance",
+        metavar="W",
+        type=_real(),
+        help="class-conditional runs: classifier-free guidance weight w (0: the conditional model; default: none, "
+        "plain sampling)",
+    )
+    sample.add_argument(
+        "--schedule",
+        choices=("constant", "linear"),
+        help="with --guidance: the weight constant, or ramped over each block's token order (default: constant)",
+    )
+    sample.add_argument(
+        "--denoise",
+        action="store_true",
+        help="end with a Tweedie denoising step at the model's recorded noise_std (noise-augmented TarFlow)",
+    )
     sample.add_argument(
         "--overwrite", action="store_true", help="replace earlier samples instead of numbering new ones"
     )

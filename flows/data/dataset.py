@@ -12,6 +12,9 @@
 * a path to a ``.csv``, ``.npy`` or ``.npz`` file (an ``.npz`` with ``train``/``val``/``test``
   arrays keeps those splits).
 
+With ``labels=True`` the data sets of :data:`LABELLED_DATASETS` (``digits``, ``mnist``) also carry
+their class labels, split with the same permutation as the rows.
+
 Missing splits are cut from the training data by a seeded permutation, so the same arguments give
 the same splits (``flows fit`` records them in the run directory).
 """
@@ -33,10 +36,21 @@ from flows.data.digits import DIGITS_LEVELS, load_digits
 from flows.data.mnist import MNIST_LEVELS, load_mnist
 from flows.data.tabular import SKLEARN_TABLES, csv_columns, load_array, load_miniboone, load_sklearn_table
 
-__all__ = ["DATASETS", "Dataset", "data_fingerprint", "load_dataset", "split_data"]
+__all__ = [
+    "DATASETS",
+    "LABELLED_DATASETS",
+    "Dataset",
+    "data_fingerprint",
+    "load_dataset",
+    "split_data",
+    "split_labelled",
+]
 
 DATASETS = ("digits", *SKLEARN_TABLES, "moons", "circles", "miniboone", "mnist")
 """Names :func:`load_dataset` knows (any other argument is treated as a file path)."""
+
+LABELLED_DATASETS: dict[str, int] = {"digits": 10, "mnist": 10}
+"""The named data sets :func:`load_dataset` can return with class labels (``labels=True``), and their class counts."""
 
 
 @dataclass
@@ -54,6 +68,10 @@ class Dataset:
         note: a caveat to show users (e.g. "not comparable to published numbers").
         source: the file it was read from (``None`` for built-in data sets).
         columns: feature names (a CSV file's header), for axis labels; ``None`` when unnamed.
+        train_labels: class labels of the training rows, ``int64`` ``(N,)`` (``None``: unlabelled).
+        val_labels: class labels of the validation rows (or ``None``).
+        test_labels: class labels of the test rows (or ``None``).
+        num_classes: the number of classes ``K`` of labelled data (labels in ``0..K-1``), else ``None``.
     """
 
     name: str
@@ -65,6 +83,10 @@ class Dataset:
     note: str = ""
     source: str | None = None
     columns: tuple[str, ...] | None = None
+    train_labels: Tensor | None = None
+    val_labels: Tensor | None = None
+    test_labels: Tensor | None = None
+    num_classes: int | None = None
 
     @property
     def event_shape(self) -> tuple[int, ...]:
@@ -82,8 +104,13 @@ class Dataset:
             f"{len(t)} {n}" for n, t in (("train", self.train), ("val", self.val), ("test", self.test)) if t is not None
         )
         levels = f", {self.levels} levels (dequantized)" if self.levels else ""
+        classes = f", {self.num_classes} classes (labelled)" if self.num_classes else ""
         note = f"; {self.note}" if self.note else ""
-        return f"{self.name}: {sizes}, {self.features} dimensions{levels}{note}"
+        return f"{self.name}: {sizes}, {self.features} dimensions{levels}{classes}{note}"
+
+    def labels_of(self, split: str) -> Tensor | None:
+        """The labels of ``split`` (``"train"``, ``"val"`` or ``"test"``), ``None`` for unlabelled data."""
+        return getattr(self, f"{split}_labels")
 
 
 def data_fingerprint(data: Dataset) -> dict[str, str]:
@@ -91,8 +118,10 @@ def data_fingerprint(data: Dataset) -> dict[str, str]:
 
     ``sha256`` covers the values of every split (for each of train, val, test: its name, dtype,
     shape and bytes), so it changes with the data and with the split settings, and not with how a
-    file is formatted. For data read from a file, ``file_sha256`` is the digest of the file's bytes
-    and ``file`` its path. ``flows fit`` records these in ``run.json`` and in its checkpoints.
+    file is formatted. Labelled data (``labels=True``) adds each split's labels after the rows;
+    unlabelled data hashes exactly as before labels existed. For data read from a file,
+    ``file_sha256`` is the digest of the file's bytes and ``file`` its path. ``flows fit`` records
+    these in ``run.json`` and in its checkpoints.
 
     Example:
         >>> a, b = load_dataset("iris"), load_dataset("iris", seed=1)
@@ -107,6 +136,14 @@ def data_fingerprint(data: Dataset) -> dict[str, str]:
         array = split.detach().cpu().contiguous().numpy()
         digest.update(f"{name}:{array.dtype.str}:{array.shape};".encode())
         digest.update(memoryview(array).cast("B"))
+    if data.num_classes is not None:
+        for name in ("train", "val", "test"):
+            labels = data.labels_of(name)
+            array = None if labels is None else labels.detach().cpu().contiguous().numpy()
+            header = "none" if array is None else f"{array.dtype.str}:{array.shape}"
+            digest.update(f"{name}_labels:{data.num_classes}:{header};".encode())
+            if array is not None:
+                digest.update(memoryview(array).cast("B"))
     result = {"sha256": digest.hexdigest()}
     if data.source is not None and Path(data.source).is_file():
         from flows.data.files import sha256sum
@@ -123,16 +160,38 @@ def split_data(data: Tensor, fractions: tuple[float, ...], seed: int = 0) -> lis
         >>> len(rest), len(held_out)
         (8, 2)
     """
+    return [data[index] for index in _split_indices(len(data), fractions, seed)]
+
+
+def split_labelled(
+    data: Tensor, labels: Tensor, fractions: tuple[float, ...], seed: int = 0
+) -> list[tuple[Tensor, Tensor]]:
+    """:func:`split_data` of rows and their labels by one permutation: ``[(rows, labels), ...]``, pairs kept.
+
+    The rows are exactly those :func:`split_data` gives with the same arguments.
+
+    Example:
+        >>> pieces = split_labelled(torch.arange(10) * 10, torch.arange(10), (0.2,))
+        >>> all(bool((rows == 10 * labels).all()) for rows, labels in pieces)
+        True
+    """
+    if len(labels) != len(data):
+        raise ValueError(f"split_labelled: expected one label per row ({len(data)}), got {len(labels)}")
+    return [(data[index], labels[index]) for index in _split_indices(len(data), fractions, seed)]
+
+
+def _split_indices(n: int, fractions: tuple[float, ...], seed: int) -> list[Tensor]:
+    """The row indices of each piece of :func:`split_data`: the rest first, then one per fraction."""
     if any(not 0 <= f < 1 for f in fractions) or sum(fractions) >= 1:
         raise ValueError(f"split_data: expected fractions in [0, 1) summing to less than 1, got {fractions}")
-    order = torch.randperm(len(data), generator=torch.Generator().manual_seed(seed))
-    sizes = [round(f * len(data)) for f in fractions]
-    pieces, start = [], len(data) - sum(sizes)
-    rest = data[order[:start]]
+    order = torch.randperm(n, generator=torch.Generator().manual_seed(seed))
+    sizes = [round(f * n) for f in fractions]
+    start = n - sum(sizes)
+    pieces = [order[:start]]
     for size in sizes:
-        pieces.append(data[order[start : start + size]])
+        pieces.append(order[start : start + size])
         start += size
-    return [rest, *pieces]
+    return pieces
 
 
 def _toy(name: str, n: int = 3000) -> Tensor:
@@ -154,6 +213,7 @@ def load_dataset(
     val_fraction: float = 0.1,
     test_fraction: float = 0.2,
     seed: int = 0,
+    labels: bool = False,
 ) -> Dataset:
     """Load a named data set or a file and split it (see the module docstring for the names).
 
@@ -166,9 +226,13 @@ def load_dataset(
             validation split).
         test_fraction: fraction held out for testing (when the source has no test split).
         seed: seed of the splits.
+        labels: also return the class labels (``train_labels``, ``val_labels``, ``test_labels``,
+            ``num_classes``), split with the rows; only for :data:`LABELLED_DATASETS`. The rows are
+            those of ``labels=False``.
 
     Raises:
-        ValueError: for an unknown name that is not an existing file, or bad fractions/levels.
+        ValueError: for an unknown name that is not an existing file, bad fractions/levels, or
+            ``labels=True`` for a data set without labels.
 
     Example:
         >>> data = load_dataset("iris")
@@ -184,7 +248,41 @@ def load_dataset(
     for what, value in (("val_fraction", val_fraction), ("test_fraction", test_fraction)):
         if not isinstance(value, (int, float)) or not 0 <= value < 1:
             raise ValueError(f"load_dataset: expected {what} in [0, 1), got {value!r}")
+    if not isinstance(labels, bool):
+        raise TypeError(f"load_dataset: expected labels to be a bool, got {labels!r}")
+    if labels:
+        if text not in LABELLED_DATASETS:
+            raise ValueError(
+                f"load_dataset: labels=True: expected a data set with labels ({', '.join(LABELLED_DATASETS)}), "
+                f"got {text!r}, which has none"
+            )
+        return _checked(_load_labelled(text, data_dir, val_fraction, test_fraction, seed), val_fraction)
     return _checked(_load(text, data_dir, key, levels, val_fraction, test_fraction, seed), val_fraction)
+
+
+def _load_labelled(
+    text: str, data_dir: str | os.PathLike | None, val_fraction: float, test_fraction: float, seed: int
+) -> Dataset:
+    """``digits`` or ``mnist`` with labels: the splits of :func:`_load`, each with its labels."""
+    if text == "digits":
+        (train, y_train), (test, y_test) = load_digits(test_size=test_fraction, seed=seed, labels=True)
+        shape, levels = (8, 8), DIGITS_LEVELS
+    else:
+        (train, y_train), (test, y_test) = load_mnist(data_dir, image=False, labels=True)
+        shape, levels = (28, 28), MNIST_LEVELS
+    (train, y_train), (val, y_val) = split_labelled(train, y_train, (val_fraction,), seed)
+    return Dataset(
+        text,
+        train,
+        val,
+        test,
+        levels=levels,
+        image_shape=shape,
+        train_labels=y_train,
+        val_labels=y_val,
+        test_labels=y_test,
+        num_classes=LABELLED_DATASETS[text],
+    )
 
 
 def _checked(data: Dataset, val_fraction: float) -> Dataset:
@@ -202,6 +300,7 @@ def _checked(data: Dataset, val_fraction: float) -> Dataset:
         )
     if data.test is not None and len(data.test) == 0:
         data.test = None  # test_fraction=0: no test split
+        data.test_labels = None
     return data
 
 

@@ -213,16 +213,27 @@ def read_run_file(directory: str | os.PathLike) -> dict[str, Any]:
 
 @torch.no_grad()
 def evaluate_log_likelihood(
-    model: nn.Module, x: Tensor, *, levels: int | None = None, draws: int = 1, batch_size: int = 1024, seed: int = 0
+    model: nn.Module,
+    x: Tensor,
+    *,
+    levels: int | None = None,
+    draws: int = 1,
+    batch_size: int = 1024,
+    seed: int = 0,
+    context: Tensor | None = None,
 ) -> dict[str, float]:
     """Average test log-likelihood (nats) with its standard error, and bits/dim for dequantized data.
 
     For integer data (``levels``) every sample is dequantized ``draws`` times with noise from
-    ``seed`` and the log-likelihoods are averaged over draws (the dequantization bound).
+    ``seed`` and the log-likelihoods are averaged over draws (the dequantization bound). With
+    ``context`` (one row per sample, e.g. a class-conditional flow's class index) it is the
+    conditional log-likelihood ``log p(x | c)``.
 
     Returns:
         ``{"log_likelihood", "stderr", "n"}`` plus ``"bits_per_dim"`` with ``levels``.
     """
+    if context is not None and len(context) != len(x):
+        raise ValueError(f"evaluate_log_likelihood: expected one context row per sample ({len(x)}), got {len(context)}")
     anchor = next(iter(model.parameters()))
     generator = torch.Generator().manual_seed(seed)
     per_sample = torch.zeros(len(x), dtype=torch.float64)
@@ -232,7 +243,11 @@ def evaluate_log_likelihood(
                 chunk = x[start : start + batch_size]
                 if levels is not None:
                     chunk = uniform_dequantize(chunk, levels, generator=generator, dtype=torch.float64)
-                log_p = model.log_prob(chunk.to(anchor.device, anchor.dtype))
+                chunk = chunk.to(anchor.device, anchor.dtype)
+                if context is None:
+                    log_p = model.log_prob(chunk)
+                else:
+                    log_p = model.log_prob(chunk, context[start : start + len(chunk)].to(anchor.device, anchor.dtype))
                 per_sample[start : start + len(chunk)] += log_p.double().cpu()
     per_sample /= draws if levels is not None else 1
     n = len(per_sample)
