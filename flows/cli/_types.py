@@ -29,6 +29,7 @@ def _integer(low: int, high: int | None = None, what: str = "an integer") -> Cal
         return value
 
     parse.__name__ = what  # argparse names the type in its messages
+    parse.number = int  # what it parses, for the robustness table's number attacks
     return parse
 
 
@@ -64,6 +65,7 @@ def _real(
         return value
 
     parse.__name__ = "number"
+    parse.number = float
     return parse
 
 

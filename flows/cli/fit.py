@@ -535,6 +535,11 @@ def _report(run: _Run, result: dict, written: list[Path]) -> int:
                 "samples)\n" + line
             )
         print(line)
+    else:  # said, not left out silently: the data set has no test split (e.g. --test-fraction 0)
+        print(
+            f"no test split in {run.data.name!r}: no test log-likelihood "
+            "(flows eval --split val scores the validation split)"
+        )
     files = ", ".join(str(p) for p in written)
     say(f"trained {result['epochs']:g} epochs ({trainer.step} steps) in {trainer.elapsed:.1f} s; wrote {files}")
     say(f"load the model with flows.load_model({str(run.out)!r})")
