@@ -151,3 +151,33 @@ def test_block_autoregressive_jacobian_is_lower_triangular() -> None:
     jac = torch.autograd.functional.jacobian(t, x)
     assert torch.equal(torch.triu(jac, 1), torch.zeros_like(jac))
     assert (torch.diagonal(jac) > 0).all()
+
+
+def test_the_bounded_sos_polynomial_is_the_scaled_plain_one_inside_and_straight_outside() -> None:
+    """τ_B(x) = c + εx + B·∫₀^{x/B} Σ p_k(u)² du on [-B, B], then lines with the end slopes."""
+    from flows.bijections.monotone import SOSPolynomialTransformer
+
+    gen = torch.Generator().manual_seed(0)
+    b = 4.0
+    x = torch.cat([torch.linspace(-b, b, 41, dtype=torch.float64), torch.tensor([-1e6, -9.0, 7.5, 1e6])])
+    plain, bounded = SOSPolynomialTransformer(3, 2), SOSPolynomialTransformer(3, 2, bound=b)
+    params = 0.5 * torch.randn(len(x), plain.params_per_dim, generator=gen, dtype=torch.float64)
+    no_shift = params.clone()
+    no_shift[:, 0] = 0
+    inside = x.clamp(-b, b)
+    z_plain, ladj_plain = plain.forward_and_log_det(inside / b, no_shift)  # ε u + ∫₀^u Σ p², log(ε + Σ p(u)²)
+    z, ladj = bounded.forward_and_log_det(x, params)
+    slope = ladj_plain.exp()
+    expected = params[:, 0] + plain.floor * inside + b * (z_plain - plain.floor * inside / b)
+    expected = expected + (x - inside) * (slope - plain.floor) + plain.floor * (x - inside)
+    torch.testing.assert_close(z, expected, atol=1e-9, rtol=1e-12)
+    torch.testing.assert_close(ladj, ladj_plain, atol=1e-12, rtol=0)  # the end slope carries on outside
+    line = x.sort().values
+    along, _ = bounded.forward_and_log_det(line, params[:1].expand(len(line), -1))
+    assert torch.isfinite(along).all() and (along.diff() > 0).all()  # one map: increasing across ±B
+    back, _ = bounded.inverse_and_log_det(z[-4:], params[-4:])  # a bijection of the line: far-out values invert
+    torch.testing.assert_close(back, x[-4:], atol=1e-6, rtol=1e-9)
+    identity = bounded.forward_and_log_det(x, torch.zeros_like(params))[0]
+    torch.testing.assert_close(identity, x, atol=1e-9, rtol=1e-12)  # zero parameters: still the identity
+    with pytest.raises(ValueError, match="bound"):
+        SOSPolynomialTransformer(3, 2, bound=0.0)

@@ -20,7 +20,6 @@ from flows.architectures.autoregressive import _autoregressive_layers
 from flows.architectures.registry import register
 from flows.bijections.base import Bijection, Chain
 from flows.bijections.block_autoregressive import BlockAutoregressive
-from flows.bijections.elementwise import SoftClip
 from flows.bijections.monotone import (
     BernsteinTransformer,
     DeepSigmoidTransformer,
@@ -51,7 +50,6 @@ class _MonotoneAutoregressiveFlow(Flow):
         activation: Callable[[], nn.Module],
         generator: torch.Generator | None,
         standardize: Tensor | Standardize | None,
-        between: Callable[[], Bijection] | None = None,
     ) -> None:
         check_builder(
             type(self).__name__,
@@ -73,8 +71,6 @@ class _MonotoneAutoregressiveFlow(Flow):
             hidden=hidden,
             activation=activation,
         )
-        if between is not None:  # e.g. a soft clip between layers whose outputs are unbounded polynomials
-            layers = [m for layer in layers[:-1] for m in (layer, between())] + layers[-1:]
         super().__init__(Chain(*layers), StandardNormal(features), context=context, standardize=standardize)
 
 
@@ -220,10 +216,12 @@ class SOSPF(_MonotoneAutoregressiveFlow):
         hidden: hidden widths of each MADE (at least one layer).
         degree: degree ``r`` of each squared polynomial.
         squares: number ``K`` of squares.
-        bound: a :class:`~flows.bijections.SoftClip` onto ``(-bound, bound)`` between layers (``None``:
-            none). A stack of odd-degree polynomials grows like :math:`x^{(2r+1)^L}`: without a clip,
-            standardised data with tails (digits pixels reach 22 standard deviations) overflow float32
-            in the second layer and training gives NaN at its first step.
+        bound: each layer's polynomial acts on ``u = x / bound`` over ``[-bound, bound]`` and is
+            continued by straight lines outside (``SOSPolynomialTransformer(bound=bound)``), so every
+            layer is a bijection of the real line that grows linearly; ``None``: plain polynomials
+            on all of it. A stack of plain odd-degree polynomials grows like :math:`x^{(2r+1)^L}`:
+            standardised data with tails (digits pixels reach 22 standard deviations) then overflow
+            float32 in the second layer and training gives NaN at its first step.
         randperm: random feature orders instead of alternating ones.
         activation: nonlinearity of the MADEs.
         generator: random generator for ``randperm``.
@@ -258,14 +256,13 @@ class SOSPF(_MonotoneAutoregressiveFlow):
         self._build(
             features,
             context,
-            lambda: SOSPolynomialTransformer(degree, squares),
+            lambda: SOSPolynomialTransformer(degree, squares, bound=bound),
             transforms=transforms,
             hidden=hidden,
             randperm=randperm,
             activation=activation,
             generator=generator,
             standardize=standardize,
-            between=None if bound is None else (lambda: SoftClip(features, bound=bound)),
         )
 
 

@@ -263,12 +263,27 @@ class SOSPolynomialTransformer(MonotoneTransformer):
     :math:`\sqrt{(1 - \epsilon)/K}` so that zero raw parameters give the identity. High degrees
     grow fast: standardise the data (the polynomial is not bounded like a spline's tails).
 
+    With ``bound=B`` the polynomial part is taken of :math:`u = x / B` on :math:`[-B, B]` and
+    continued by straight lines outside, with the end slopes (as :class:`BernsteinTransformer`'s
+    tails): for :math:`\bar x = \mathrm{clamp}(x, -B, B)`,
+
+    .. math:: \tau(x) = c + \epsilon x + B \int_0^{\bar x/B} \sum_k p_k(u)^2 du
+              + (x - \bar x) \sum_k p_k(\bar x / B)^2,
+              \qquad \tau'(x) = \epsilon + \sum_k p_k(\bar x / B)^2.
+
+    Each map is then a bijection of :math:`\mathbb{R}` that grows linearly, so a stack of them
+    cannot overflow on far-out inputs (a stack of plain odd-degree polynomials grows like
+    :math:`x^{(2r+1)^L}`), and coefficients of order one act on :math:`[-1, 1]`. ``bound=None`` is
+    the plain polynomial on all of :math:`\mathbb{R}`.
+
     References:
         Jaini, Selby, Yu (2019), "Sum-of-Squares Polynomial Flow", ICML, arXiv:1905.02325.
 
     Args:
         degree: ``r``, the degree of each squared polynomial.
         squares: ``K``, the number of squares.
+        bound: ``B > 0``: the polynomial part on ``[-B, B]``, linear tails outside (``None``: the
+            plain polynomial everywhere).
         atol, max_iter: of the numerical inverse (see :class:`MonotoneTransformer`).
 
     Example:
@@ -283,11 +298,22 @@ class SOSPolynomialTransformer(MonotoneTransformer):
 
     floor = 1e-3
 
-    def __init__(self, degree: int = 2, squares: int = 2, *, atol: float | None = None, max_iter: int = 100) -> None:
+    def __init__(
+        self,
+        degree: int = 2,
+        squares: int = 2,
+        *,
+        bound: float | None = None,
+        atol: float | None = None,
+        max_iter: int = 100,
+    ) -> None:
         super().__init__(atol=atol, max_iter=max_iter)
         for label, value, low in (("degree", degree, 0), ("squares", squares, 1)):
             if isinstance(value, bool) or not isinstance(value, int) or value < low:
                 raise ValueError(f"SOSPolynomialTransformer: expected {label} to be an int >= {low}, got {value!r}")
+        if bound is not None:
+            bound = check_number("SOSPolynomialTransformer", "bound", bound, minimum=0.0, strict=True)
+        self.bound = bound
         self.degree, self.squares = degree, squares
         self.params_per_dim = 1 + squares * (degree + 1)
         powers = torch.arange(degree + 1, dtype=torch.float64)
@@ -299,16 +325,23 @@ class SOSPolynomialTransformer(MonotoneTransformer):
         c = params[..., 0]
         a = params[..., 1:].unflatten(-1, (self.squares, r + 1))
         a = a + F.pad(a.new_full((1,), math.sqrt((1 - self.floor) / self.squares)), (0, r))
-        powers = x.unsqueeze(-1) ** torch.arange(2 * r + 2, device=x.device, dtype=x.dtype)  # x^0 .. x^(2r+1)
+        inside = x if self.bound is None else x.clamp(-self.bound, self.bound)
+        scale = 1.0 if self.bound is None else self.bound
+        u = inside / scale
+        powers = u.unsqueeze(-1) ** torch.arange(2 * r + 2, device=x.device, dtype=x.dtype)  # u^0 .. u^(2r+1)
         gram = a.unsqueeze(-1) * a.unsqueeze(-2)  # (*, K, r+1, r+1)
         coefficients = (gram.sum(-3) * self._inverse_orders.to(x)).flatten(-2)  # a_l a_m / (l + m + 1)
         order = (torch.arange(r + 1)[:, None] + torch.arange(r + 1)[None, :]).flatten().to(x.device)
         integral = (coefficients * powers[..., order + 1]).sum(-1)
         squares = (a * powers[..., None, : r + 1]).sum(-1).square().sum(-1)
-        return c + self.floor * x + integral, torch.log(self.floor + squares)
+        z = c + self.floor * x + scale * integral
+        if self.bound is not None:
+            z = z + (x - inside) * squares  # the straight tails, with the end slopes
+        return z, torch.log(self.floor + squares)
 
     def extra_repr(self) -> str:
-        return f"degree={self.degree}, squares={self.squares}"
+        bound = "" if self.bound is None else f", bound={self.bound:g}"
+        return f"degree={self.degree}, squares={self.squares}{bound}"
 
 
 class BernsteinTransformer(MonotoneTransformer):

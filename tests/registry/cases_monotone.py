@@ -51,6 +51,12 @@ CASES = [
     ),
     Case("elementwise-sos", lambda: flows.Elementwise(3, SOSPolynomialTransformer(2, 2)), (3,), perturb=0.3),
     Case(
+        "elementwise-sos-bounded",
+        lambda: flows.Elementwise(3, SOSPolynomialTransformer(3, 2, bound=1.5)),
+        (3,),
+        perturb=0.3,
+    ),
+    Case(
         "coupling-sos-context",
         _seeded(lambda: flows.Coupling(4, 3, transformer=SOSPolynomialTransformer(1, 2), hidden=(8,))),
         (4,),
