@@ -212,12 +212,29 @@ def test_sample_refuses_a_count_that_cannot_fit_in_memory_naming_the_flag(tmp_pa
     assert not (out / "samples.npy").exists()
 
 
-def test_ctrl_c_while_the_command_imports_exits_130_with_one_line() -> None:
-    env = {**os.environ, "PYTHONPATH": str(ROOT), "OMP_NUM_THREADS": "1"}
+def test_ctrl_c_while_the_command_imports_exits_130_with_one_line(tmp_path) -> None:
+    # A sitecustomize makes `import torch` announce itself and then take 30 s, so the signal lands
+    # inside the imports however fast the machine's file cache makes them (a fixed sleep did not).
+    started = tmp_path / "importing-torch"
+    (tmp_path / "sitecustomize.py").write_text(
+        "import sys, time\n"
+        "class _SlowTorch:\n"
+        "    def find_spec(self, name, path=None, target=None):\n"
+        "        if name == 'torch':\n"
+        "            sys.meta_path.remove(self)\n"
+        f"            open({str(started)!r}, 'w').close()\n"
+        "            time.sleep(30)\n"
+        "        return None\n"
+        "sys.meta_path.insert(0, _SlowTorch())\n"
+    )
+    env = {**os.environ, "PYTHONPATH": f"{tmp_path}{os.pathsep}{ROOT}", "OMP_NUM_THREADS": "1"}
     process = subprocess.Popen(
         [sys.executable, "-m", "flows.cli", "models"], env=env, stdout=subprocess.PIPE, stderr=subprocess.PIPE
     )
-    time.sleep(0.4)  # importing torch takes seconds
+    deadline = time.monotonic() + 60
+    while not started.exists() and process.poll() is None and time.monotonic() < deadline:
+        time.sleep(0.02)
+    assert started.exists(), "the command never began importing torch"
     process.send_signal(2)
     _, err = process.communicate(timeout=60)
     text = err.decode()
