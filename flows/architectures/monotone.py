@@ -252,7 +252,7 @@ class SOSPF(_MonotoneAutoregressiveFlow):
         check_count("SOSPF", "degree", degree, minimum=0)
         check_count("SOSPF", "squares", squares)
         if bound is not None:
-            check_number("SOSPF", "bound", bound, minimum=0, strict=True)
+            check_number("SOSPF", "bound", bound, minimum=0, strict=True, maximum=1e6)
         self._build(
             features,
             context,

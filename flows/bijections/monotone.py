@@ -282,7 +282,7 @@ class SOSPolynomialTransformer(MonotoneTransformer):
     Args:
         degree: ``r``, the degree of each squared polynomial.
         squares: ``K``, the number of squares.
-        bound: ``B > 0``: the polynomial part on ``[-B, B]``, linear tails outside (``None``: the
+        bound: ``0 < B <= 1e6``: the polynomial part on ``[-B, B]``, linear tails outside (``None``: the
             plain polynomial everywhere).
         atol, max_iter: of the numerical inverse (see :class:`MonotoneTransformer`).
 
@@ -312,7 +312,8 @@ class SOSPolynomialTransformer(MonotoneTransformer):
             if isinstance(value, bool) or not isinstance(value, int) or value < low:
                 raise ValueError(f"SOSPolynomialTransformer: expected {label} to be an int >= {low}, got {value!r}")
         if bound is not None:
-            bound = check_number("SOSPolynomialTransformer", "bound", bound, minimum=0.0, strict=True)
+            # beyond 1e6 the polynomials' argument x / bound underflows in float32 for data of any sensible size
+            bound = check_number("SOSPolynomialTransformer", "bound", bound, minimum=0.0, strict=True, maximum=1e6)
         self.bound = bound
         self.degree, self.squares = degree, squares
         self.params_per_dim = 1 + squares * (degree + 1)
