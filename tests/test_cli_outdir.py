@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import errno
 import os
+import signal
 import subprocess
 import sys
 import time
@@ -229,7 +230,12 @@ def test_ctrl_c_while_the_command_imports_exits_130_with_one_line(tmp_path) -> N
     )
     env = {**os.environ, "PYTHONPATH": f"{tmp_path}{os.pathsep}{ROOT}", "OMP_NUM_THREADS": "1"}
     process = subprocess.Popen(
-        [sys.executable, "-m", "flows.cli", "models"], env=env, stdout=subprocess.PIPE, stderr=subprocess.PIPE
+        [sys.executable, "-m", "flows.cli", "models"],
+        env=env,
+        stdout=subprocess.PIPE,
+        stderr=subprocess.PIPE,
+        # a test run started in the background inherits an ignored SIGINT, which the command rightly keeps
+        preexec_fn=lambda: signal.signal(signal.SIGINT, signal.SIG_DFL),
     )
     deadline = time.monotonic() + 60
     while not started.exists() and process.poll() is None and time.monotonic() < deadline:
