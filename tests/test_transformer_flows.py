@@ -255,7 +255,8 @@ def test_a_continuous_context_refuses_nan_and_a_missing_context() -> None:
         ({"order": [0, 1, 1, 2]}, r"expected order to be a permutation of 0..3, got \[0, 1, 1, 2\]"),
         ({"first_token": "sos"}, r"expected first_token in \['identity', 'transform'\]"),
         ({"decoding": "fast"}, r"expected decoding in \['cached', 'uncached', 'jacobi'\]"),
-        ({"soft_clip": 0.0}, "expected soft_clip to be None or a finite number > 0, got 0.0"),
+        ({"soft_clip": 0.0}, r"expected soft_clip to be None or a number in \(0, 1e4\], got 0.0"),
+        ({"soft_clip": 1e300}, r"expected soft_clip to be None or a number in \(0, 1e4\], got 1e\+300"),
     ],
 )
 def test_the_block_refuses_bad_options(options: dict, message: str) -> None:

@@ -362,7 +362,7 @@ class ResidualBlock(Bijection):
         super().__init__(features)
         if len(self.event_shape) != 1 or self.event_shape[0] is None:
             raise ValueError(f"ResidualBlock: expected a vector event (features: int), got {features!r}")
-        if not 0 < coefficient < 1:
+        if isinstance(coefficient, bool) or not isinstance(coefficient, (int, float)) or not 0 < coefficient < 1:
             raise ValueError(f"ResidualBlock: expected 0 < coefficient < 1 (a contraction), got {coefficient!r}")
         if log_det not in _LOG_DET_CHOICES:
             raise ValueError(f"ResidualBlock: expected log_det to be one of {_LOG_DET_CHOICES}, got {log_det!r}")

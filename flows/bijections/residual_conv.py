@@ -167,7 +167,7 @@ class ConvResidualBlock(ResidualBlock):
             raise ValueError(f"ConvResidualBlock: expected an image shape (C, H, W) of positive ints, got {shape!r}")
         hidden = _check_hidden(hidden)
         kernels = _check_kernels(kernel_sizes, len(hidden) + 1)
-        if not 0 < coefficient < 1:
+        if isinstance(coefficient, bool) or not isinstance(coefficient, (int, float)) or not 0 < coefficient < 1:
             raise ValueError(f"ConvResidualBlock: expected 0 < coefficient < 1 (a contraction), got {coefficient!r}")
         if log_det not in _LOG_DET_CHOICES:
             raise ValueError(f"ConvResidualBlock: expected log_det to be one of {_LOG_DET_CHOICES}, got {log_det!r}")

@@ -153,8 +153,11 @@ class TransformerAutoregressive(Bijection):
         ):
             if value not in choices:
                 raise ValueError(f"{who}: expected {name} in {list(choices)}, got {value!r}")
-        if soft_clip is not None and not (isinstance(soft_clip, (int, float)) and 0 < soft_clip < math.inf):
-            raise ValueError(f"{who}: expected soft_clip to be None or a finite number > 0, got {soft_clip!r}")
+        # above 1e4 the clip c·tanh(a/c) is the identity for any usable scale, and c overflows float32 soon after
+        if soft_clip is not None and not (
+            isinstance(soft_clip, (int, float)) and not isinstance(soft_clip, bool) and 0 < soft_clip <= 1e4
+        ):
+            raise ValueError(f"{who}: expected soft_clip to be None or a number in (0, 1e4], got {soft_clip!r}")
         if jacobi_iterations is not None and (not isinstance(jacobi_iterations, int) or jacobi_iterations < 1):
             raise ValueError(f"{who}: expected jacobi_iterations to be None or an int >= 1, got {jacobi_iterations!r}")
         super().__init__((tokens, features))
