@@ -147,7 +147,7 @@ def test_convnet_errors() -> None:
         net(torch.randn(2, 3, 5, 5), torch.randn(2, 3))
     with pytest.raises(ValueError, match="unconditional"):
         ConvNet(2, 4)(torch.randn(2, 2, 5, 5), torch.randn(2, 1))
-    with pytest.raises(ValueError, match="expected an odd kernel_size"):
+    with pytest.raises(ValueError, match="expected an odd integer kernel_size"):
         ConvNet(2, 4, kernel_size=2)
     with pytest.raises(ValueError, match="expected positive widths"):
         ConvNet(2, 0)

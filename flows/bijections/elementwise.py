@@ -130,8 +130,8 @@ class Logit(Bijection):
 
     def __init__(self, event_shape: int | Sequence[int], *, alpha: float = 0.0, check_domain: bool = True) -> None:
         super().__init__(event_shape)
-        if not 0.0 <= alpha < 0.5:
-            raise ValueError(f"Logit: expected 0 <= alpha < 0.5, got {alpha}")
+        if isinstance(alpha, bool) or not isinstance(alpha, (int, float)) or not 0.0 <= alpha < 0.5:
+            raise ValueError(f"Logit: expected 0 <= alpha < 0.5, got {alpha!r}")
         self.alpha = float(alpha)
         self.check_domain = check_domain
 

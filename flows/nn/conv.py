@@ -88,8 +88,8 @@ class ConvNet(nn.Module):
                 f"ConvNet: expected positive widths, got in_channels={in_channels}, context={context}, "
                 f"hidden={tuple(hidden)}, out_channels={out_channels}"
             )
-        if kernel_size < 1 or kernel_size % 2 == 0:
-            raise ValueError(f"ConvNet: expected an odd kernel_size >= 1, got {kernel_size}")
+        if isinstance(kernel_size, bool) or not isinstance(kernel_size, int) or kernel_size < 1 or kernel_size % 2 == 0:
+            raise ValueError(f"ConvNet: expected an odd integer kernel_size >= 1, got {kernel_size!r}")
         self.in_channels, self.out_channels, self.context_features = in_channels, out_channels, context
         widths = [in_channels + context, *hidden, out_channels]
         layers: list[nn.Module] = []
