@@ -84,8 +84,8 @@ class MatrixNormal(nn.Module):
 
     def __init__(self, features: int, relationship: Tensor, *, lam: float = 0.5, learn_lambda: bool = True) -> None:
         super().__init__()
-        if not 0.0 < lam < 1.0:
-            raise ValueError(f"MatrixNormal: expected 0 < lam < 1, got {lam}")
+        if isinstance(lam, bool) or not isinstance(lam, (int, float)) or not 0.0 < lam < 1.0:
+            raise ValueError(f"MatrixNormal: expected 0 < lam < 1, got {lam!r}")
         self.features = features
         eigenvalues, eigenvectors = _eigh_relationship(relationship, "MatrixNormal")
         self.register_buffer("eigenvalues", eigenvalues)

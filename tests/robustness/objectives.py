@@ -207,22 +207,41 @@ def _transformer_target(cls_name: str):
     return cls, build, run
 
 
-#: How the option family builds a builder that does not take a plain 2-D table: its shape and arguments.
-SHAPES: dict[str, tuple[tuple[int, ...], dict]] = {
-    "Glow": ((1, 4, 4), {"scales": 1, "steps": 1}),
-    "FreeFormInjectiveFlow": ((2,), {"latent_features": 1}),
+#: How the option family builds a builder that does not take a plain 2-D table: its event shape, extra
+#: arguments, and the positional arguments that replace ``features`` (``None``: the shape).
+SHAPES: dict[str, tuple[tuple[int, ...], dict, tuple | None]] = {
+    "Glow": ((1, 4, 4), {"scales": 1, "steps": 1}, None),
+    "FreeFormInjectiveFlow": ((2,), {"latent_features": 1}, None),
+    "EquivariantCNF": ((6,), {}, (3, 2)),  # 3 particles in 2-D
 }
+
+
+def _dependent_target():
+    """``DependentFlow`` around a small RealNVP over 6 related samples, scored by index."""
+    from flows import DependentFlow, RealNVP
+
+    def build(**options):
+        return DependentFlow(RealNVP(2, transforms=1, hidden=(8,)), torch.eye(6), **options)
+
+    def run(model) -> str | None:
+        x = torch.randn(3, 2, generator=torch.Generator().manual_seed(1))
+        log_p = model.log_prob_batch(x, torch.tensor([0, 4, 5]))
+        return None if bool(torch.isfinite(log_p).all()) else "non-finite log_prob at finite data"
+
+    return DependentFlow, build, run
 
 
 def _builder_target(name: str):
     from flows.architectures.registry import builders
 
     cls = builders()[name]
-    shape, extra = SHAPES.get(name, ((2,), {}))
+    shape, extra, positional = SHAPES.get(name, ((2,), {}, None))
     small = {"hidden": (8,), "transforms": 1, **extra}
 
     def build(**options):
         args = {k: v for k, v in small.items() if k in inspect.signature(cls).parameters}
+        if positional is not None:
+            return cls(*positional, **{**args, **options})
         features = options.pop("features", shape if len(shape) > 1 else shape[0])
         return cls(features, **{**args, **options})
 
@@ -246,18 +265,9 @@ def option_targets() -> dict[str, Callable]:
         "RationalQuadraticSpline": functools.partial(_transformer_target, "RationalQuadraticSpline"),
         "AffineTransformer": functools.partial(_transformer_target, "AffineTransformer"),
     }
-    for name in builders():  # every registered builder that builds on a 2-D table
-        if name not in NOT_ON_A_TABLE:
-            targets[name] = functools.partial(_builder_target, name)
+    for name in builders():  # every registered builder
+        targets[name] = _dependent_target if name == "DependentFlow" else functools.partial(_builder_target, name)
     return targets
-
-
-#: Builders the option family does not build, and why. Their model files are attacked (the model-file
-#: family); their numeric options are not yet (docs/reliability.md says so).
-NOT_ON_A_TABLE = {
-    "DependentFlow": "wraps a flow and needs a relationship matrix between the samples",
-    "EquivariantCNF": "a particle flow: needs spatial_dim and configurations",
-}
 
 
 def numeric_options(cls: type) -> list[str]:
