@@ -15,6 +15,7 @@ import torch
 from flows.cli import EXIT_CODES, main
 from flows.data import load_dataset
 from flows.data.dataset import data_fingerprint
+from tests.cli_support import one_line_error
 
 ROOT = Path(__file__).resolve().parents[1]
 pytest.importorskip("sklearn", reason="the embedded data sets ship with scikit-learn (test extra)")
@@ -37,13 +38,6 @@ def _run(argv: list[str], capsys) -> tuple[int, str]:
         code = stop.code
     err = capsys.readouterr().err
     return code, err
-
-
-def _one_line_error(err: str, command: str) -> str:
-    lines = [line for line in err.splitlines() if line.strip()]
-    assert len(lines) == 1, err
-    assert lines[0].startswith(f"flows {command}: error: ") and "Traceback" not in err, err
-    return lines[0]
 
 
 @pytest.fixture(scope="module")
@@ -88,7 +82,7 @@ def test_bad_option_values_are_one_line_with_status_2(argv, message, capsys, tmp
     argv = [str(tmp_path / "run") if a == "RUN" else a for a in argv]
     code, err = _run(argv, capsys)
     assert code == 2
-    line = _one_line_error(err, argv[0])
+    line = one_line_error(err, argv[0])
     assert re.search(message, line), line
 
 
@@ -111,7 +105,7 @@ def test_bad_csv_files_are_named_with_their_line(content: str, message: str, tmp
     (tmp_path / "bad.csv").write_text(content)
     code, err = _run(["fit", "--data", str(tmp_path / "bad.csv"), "--out", str(tmp_path / "o"), *TINY], capsys)
     assert code == 2
-    assert re.search(message, _one_line_error(err, "fit"))
+    assert re.search(message, one_line_error(err, "fit"))
     assert not (tmp_path / "o").exists()  # nothing was written for a refused input
 
 
@@ -134,7 +128,7 @@ def test_os_errors_exit_2_with_one_line(tmp_path: Path, capsys) -> None:
             argv = [*argv, "--out", str(tmp_path / "o")]
         code, err = _run([*argv, *(TINY if argv[0] == "fit" else [])], capsys)
         assert code == 2, (argv, err)
-        assert message in _one_line_error(err, argv[0])
+        assert message in one_line_error(err, argv[0])
 
 
 def test_an_unreadable_data_file_is_an_os_error_with_status_2(tmp_path: Path, capsys, monkeypatch) -> None:
@@ -149,7 +143,7 @@ def test_an_unreadable_data_file_is_an_os_error_with_status_2(tmp_path: Path, ca
     monkeypatch.setattr("builtins.open", refuse)
     code, err = _run(["fit", "--data", str(tmp_path / "t.csv"), "--out", str(tmp_path / "o"), *TINY], capsys)
     assert code == 2
-    assert _one_line_error(err, "fit").endswith(f"{str(tmp_path / 't.csv')!r}: permission denied")
+    assert one_line_error(err, "fit").endswith(f"{str(tmp_path / 't.csv')!r}: permission denied")
 
 
 def test_option_values_are_checked_against_the_builder(tmp_path: Path, capsys) -> None:
@@ -161,7 +155,7 @@ def test_option_values_are_checked_against_the_builder(tmp_path: Path, capsys) -
     ):
         code, err = _run(["fit", "--data", "moons", "--option", option, "--out", str(tmp_path / "o"), *TINY], capsys)
         assert code == 2
-        assert message in _one_line_error(err, "fit")
+        assert message in one_line_error(err, "fit")
 
 
 def test_an_internal_error_is_one_line_with_status_3(tmp_path: Path, capsys, monkeypatch) -> None:
@@ -174,7 +168,7 @@ def test_an_internal_error_is_one_line_with_status_3(tmp_path: Path, capsys, mon
     monkeypatch.delenv("FLOWS_TRACEBACK", raising=False)
     code, err = _run(["models"], capsys)
     assert code == 3
-    assert "internal error (KeyError: 'oops'); set FLOWS_TRACEBACK=1" in _one_line_error(err, "models")
+    assert "internal error (KeyError: 'oops'); set FLOWS_TRACEBACK=1" in one_line_error(err, "models")
     monkeypatch.setenv("FLOWS_TRACEBACK", "1")
     with pytest.raises(KeyError, match="oops"):
         main(["models"])
@@ -212,10 +206,10 @@ def test_sample_reports_the_paths_it_wrote(moons_run: Path, tmp_path: Path, caps
     assert f"to {tmp_path / 'noext.npy'} and a picture to {tmp_path / 'noext.png'}" in printed
     assert np.load(tmp_path / "noext.npy").shape == (5, 2) and (tmp_path / "noext.png").is_file()
     code, err = _run(["sample", str(moons_run), "--out", str(tmp_path)], capsys)
-    assert code == 2 and "--out: expected a file path, got the directory" in _one_line_error(err, "sample")
+    assert code == 2 and "--out: expected a file path, got the directory" in one_line_error(err, "sample")
     assert not (tmp_path.parent / f"{tmp_path.name}.npy").exists()
     code, err = _run(["sample", str(moons_run), "--out", str(tmp_path / "s.npy"), "--picture", "x.xyz"], capsys)
-    assert code == 2 and "--picture: expected a file name ending in one of" in _one_line_error(err, "sample")
+    assert code == 2 and "--picture: expected a file name ending in one of" in one_line_error(err, "sample")
     assert not (tmp_path / "s.npy").exists()  # refused before sampling, not after
 
 
@@ -242,11 +236,11 @@ def test_runs_record_their_data_and_refuse_changed_data(tmp_path: Path, capsys) 
     np.savetxt(table, rng.normal(size=(60, 2)), delimiter=",")  # same shape, other values
     code, err = _run(["eval", str(out)], capsys)
     assert code == 2
-    line = _one_line_error(err, "eval")
+    line = one_line_error(err, "eval")
     assert "the data changed since the run" in line and f"expected data with sha256 {recorded['sha256'][:16]}" in line
     assert "--allow-changed-data" in line and "table.csv' was modified" in line
     code, err = _run(["check", str(out)], capsys)
-    assert code == 2 and "the data changed since the run" in _one_line_error(err, "check")
+    assert code == 2 and "the data changed since the run" in one_line_error(err, "check")
 
     assert main(["eval", str(out), "--allow-changed-data"]) == 0
     assert "flows eval: warning: the data changed since the run" in capsys.readouterr().err
@@ -254,7 +248,7 @@ def test_runs_record_their_data_and_refuse_changed_data(tmp_path: Path, capsys) 
     assert "flows sample: warning: the data changed" in capsys.readouterr().err
 
     code, err = _run(["fit", "--data", str(table), "--out", str(out), "--resume", *TINY], capsys)
-    assert code == 2 and "the data changed since the run" in _one_line_error(err, "fit")
+    assert code == 2 and "the data changed since the run" in one_line_error(err, "fit")
 
 
 def test_reformatting_a_file_keeps_its_values_and_its_run(tmp_path: Path, capsys) -> None:
@@ -277,7 +271,7 @@ def test_options_the_command_line_cannot_carry_are_refused(tmp_path: Path, capsy
     ):
         code, err = _run(["fit", "--data", "moons", *argv, "--out", str(tmp_path / "o"), *TINY], capsys)
         assert code == 2
-        assert message in _one_line_error(err, "fit")
+        assert message in one_line_error(err, "fit")
 
 
 def test_sample_warns_about_non_finite_samples(moons_run: Path, tmp_path: Path, capsys, monkeypatch) -> None:

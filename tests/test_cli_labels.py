@@ -19,6 +19,7 @@ import flows
 from flows.cli import main
 from flows.data import load_dataset
 from flows.data.dataset import data_fingerprint, split_data, split_labelled
+from tests.cli_support import one_line_error
 
 pytest.importorskip("sklearn", reason="the digits data ship with scikit-learn (test extra)")
 
@@ -45,13 +46,6 @@ def _run(argv: list[str], capsys) -> tuple[int, str, str]:
         code = stop.code
     captured = capsys.readouterr()
     return code, captured.out, captured.err
-
-
-def _one_line_error(err: str, command: str) -> str:
-    lines = [line for line in err.splitlines() if line.strip()]
-    assert len(lines) == 1, err
-    assert lines[0].startswith(f"flows {command}: error: ") and "Traceback" not in err, err
-    return lines[0]
 
 
 @pytest.fixture(scope="module")
@@ -227,7 +221,7 @@ def test_labelled_errors_are_one_line_with_status_2(
         argv += ["--out", str(tmp_path / "s.npy")] if argv[0] == "sample" else []
     code, _, err = _run(argv, capsys)
     assert code == 2, err
-    assert __import__("re").search(message, _one_line_error(err, argv[0])), err
+    assert __import__("re").search(message, one_line_error(err, argv[0])), err
     assert not (tmp_path / "o" / "run.json").exists() and not (tmp_path / "s.npy").exists()
 
 
@@ -245,10 +239,10 @@ def test_labels_survive_resume_and_a_changed_labels_is_refused(tmp_path: Path, c
     unlabelled = ["fit", *common]  # without label_dropout too: TarFlow refuses it without classes
     code, _, err = _run([*unlabelled, "--epochs", "3", "--resume"], capsys)
     assert code == 2
-    line = _one_line_error(err, "fit")
+    line = one_line_error(err, "fit")
     assert "--resume: expected the run's --labels setting, got a command without --labels" in line
     assert "trained with --labels" in line
     plain = tmp_path / "plain"
     assert _run(["fit", "--data", "digits", *TARFLOW, *QUICK, "--out", plain], capsys)[0] == 0
     code, _, err = _run(["fit", "--data", "digits", "--labels", *TARFLOW, *QUICK, "--out", plain, "--resume"], capsys)
-    assert code == 2 and "trained without --labels (unconditional)" in _one_line_error(err, "fit")
+    assert code == 2 and "trained without --labels (unconditional)" in one_line_error(err, "fit")
