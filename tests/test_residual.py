@@ -185,6 +185,36 @@ def test_image_residual_flow_log_prob_is_exact_and_samples_invert() -> None:
     torch.testing.assert_close(log_q, flow.log_prob(samples), atol=1e-7, rtol=1e-7)
 
 
+def test_multiscale_image_residual_flow_log_prob_is_exact_and_samples_invert() -> None:
+    torch.manual_seed(2)
+    flow = flows.ResidualFlow((1, 4, 4), transforms=1, hidden=(4,), scales=2).double().eval()
+    splits = [m for m in flow.modules() if isinstance(m, flows.Split)]
+    assert len(splits) == 1 and splits[0].event_shape == (4, 2, 2) and splits[0].keep == 2
+    blocks = [m for m in flow.modules() if isinstance(m, flows.ConvResidualBlock)]
+    assert [b.event_shape for b in blocks] == [(4, 2, 2), (8, 1, 1)]  # the kept half squeezed again
+    for p in flow.parameters():  # away from the identity start, so the Jacobian is not trivial
+        p.data += 0.1 * torch.randn_like(p)
+    x = torch.rand(3, 1, 4, 4, dtype=torch.float64)
+    log_p = flow.log_prob(x)
+    for i in range(3):
+        jac = torch.autograd.functional.jacobian(lambda v: flow.transform(v.reshape(1, 1, 4, 4))[0], x[i].reshape(-1))
+        expected = flow.base.log_prob(flow.transform(x[i : i + 1]))[0] + torch.linalg.slogdet(jac).logabsdet
+        torch.testing.assert_close(log_p[i], expected, atol=1e-8, rtol=1e-8)
+    z = flow.transform(x)
+    torch.testing.assert_close(flow.transform.inverse(z), x, atol=1e-9, rtol=1e-9)
+    samples, log_q = flow.sample_and_log_prob((2,))
+    assert samples.shape == (2, 1, 4, 4)
+    torch.testing.assert_close(log_q, flow.log_prob(samples), atol=1e-7, rtol=1e-7)
+
+
+def test_multiscale_image_residual_flow_without_the_first_squeeze() -> None:
+    flow = flows.ResidualFlow((2, 4, 4), transforms=1, hidden=(4,), scales=3, squeeze=False)
+    splits = [m.event_shape for m in flow.modules() if isinstance(m, flows.Split)]
+    assert splits == [(2, 4, 4), (4, 2, 2)]
+    assert flow.log_prob(torch.rand(2, 2, 4, 4)).shape == (2,)
+    assert flow.sample((2,)).shape == (2, 2, 4, 4)
+
+
 def test_image_residual_flow_trains_with_the_estimator() -> None:
     torch.manual_seed(1)
     flow = flows.ResidualFlow((1, 8, 8), transforms=1, hidden=(8,))
@@ -202,9 +232,22 @@ def test_image_residual_flow_trains_with_the_estimator() -> None:
             lambda: flows.ResidualFlow((1, 4, 4), 2),
             r"^ResidualFlow: image residual blocks take no context, got context=2",
         ),
-        (lambda: flows.ResidualFlow((1, 5, 4)), r"^ResidualFlow: squeeze=True needs an even height and width, got 5×4"),
+        (
+            lambda: flows.ResidualFlow((1, 5, 4)),
+            r"^ResidualFlow: squeeze=True needs a height and width divisible by 2, got 5×4",
+        ),
         (lambda: flows.ResidualFlow((1, 4)), r"^ResidualFlow: expected features to be an int or an image shape"),
         (lambda: flows.ResidualFlow(3, squeeze=True), r"^ResidualFlow: squeeze is an image option"),
+        (lambda: flows.ResidualFlow(3, scales=2), r"^ResidualFlow: scales is an image option"),
+        (
+            lambda: flows.ResidualFlow((1, 4, 6), scales=2),
+            r"^ResidualFlow: scales=2 needs a height and width divisible by 4, got 4×6",
+        ),
+        (
+            lambda: flows.ResidualFlow((1, 4, 4), scales=2, squeeze=False),
+            r"^ResidualFlow: scales=2 needs at least 2 channels to split, got 1 with squeeze=False",
+        ),
+        (lambda: flows.ResidualFlow((1, 4, 4), scales=0), r"^ResidualFlow: expected scales to be an int >= 1"),
         (lambda: flows.ResidualFlow(3, kernel_sizes=(3, 3)), r"^ResidualFlow: kernel_sizes is an image option"),
         (lambda: flows.ResidualFlow((1, 4, 4), hidden=(4, 0)), r"^ResidualFlow: expected hidden to be positive int"),
         (lambda: flows.ResidualFlow((1, 4, 4), transforms=0), r"^ResidualFlow: expected transforms to be an int >= 1"),

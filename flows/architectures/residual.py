@@ -16,7 +16,7 @@ from torch import Tensor
 from flows._validation import check_builder, check_count, check_hidden
 from flows.architectures.registry import register
 from flows.bijections.base import Bijection, Chain
-from flows.bijections.multiscale import Flatten, Squeeze
+from flows.bijections.multiscale import Flatten, Split, Squeeze
 from flows.bijections.normalization import ActNorm, ActNorm2d
 from flows.bijections.residual import ResidualBlock
 from flows.bijections.residual_conv import ConvResidualBlock
@@ -38,13 +38,18 @@ class ResidualFlow(Flow):
     estimator with the Neumann-series gradient for ``D > 16`` (``log_det="auto"``), or as chosen.
     Sampling inverts each block by fixed-point iteration (implicit gradients).
 
-    With an image shape ``features=(C, H, W)`` the flow is a **single-scale convolutional
-    i-ResNet**: a :class:`~flows.bijections.multiscale.Squeeze` (``squeeze=True``, the default for
-    images: ``(4C, H/2, W/2)``), then ``transforms`` × [:class:`~flows.bijections.normalization.ActNorm2d`,
+    With an image shape ``features=(C, H, W)`` the flow is a **convolutional i-ResNet**: a
+    :class:`~flows.bijections.multiscale.Squeeze` (``squeeze=True``, the default for images:
+    ``(4C, H/2, W/2)``), then ``transforms`` × [:class:`~flows.bijections.normalization.ActNorm2d`,
     :class:`~flows.bijections.residual_conv.ConvResidualBlock`] (``hidden`` are channel counts,
-    ``kernel_sizes`` default 3-1-…-3), and a :class:`~flows.bijections.multiscale.Flatten` onto a
-    standard normal of ``C·H·W`` entries. Chen et al.'s multi-scale architecture (factoring out
-    half the channels per level) is not built; image blocks take no context.
+    ``kernel_sizes`` default 3-1-…-3). With ``scales=1`` a
+    :class:`~flows.bijections.multiscale.Flatten` maps that onto a standard normal of ``C·H·W``
+    entries (Behrmann et al.'s single scale). With ``scales=L > 1`` it is Chen et al.'s multi-scale
+    architecture: after the blocks of each scale but the last, a
+    :class:`~flows.bijections.multiscale.Split` factors half of the channels out to the latent
+    and the other half is squeezed again and transformed by the next scale's ``transforms``
+    blocks, so :math:`\log q(x) = \sum_l \log \mathcal N(z_l) + \sum_{\text{blocks}} \log\det(I + J_g)`.
+    Image blocks take no context.
 
     References:
         Behrmann et al. (2019), arXiv:1811.00995. Chen et al. (2019), arXiv:1906.02735.
@@ -59,6 +64,9 @@ class ResidualFlow(Flow):
             :class:`~flows.bijections.residual.ResidualBlock`).
         actnorm: an ActNorm (ActNorm2d for images) before every block.
         squeeze: images only: a space-to-depth squeeze first (default ``True`` for images).
+        scales: images only: number of scales ``L`` of the multi-scale architecture (default 1;
+            every scale after the first squeezes, so ``H`` and ``W`` must be divisible by
+            ``2^L`` with ``squeeze=True``, ``2^(L-1)`` without).
         kernel_sizes: images only: odd kernel sizes of each block's convolutions, ``len(hidden) + 1``.
         standardize: data ``(N, D)`` or a fitted :class:`~flows.bijections.Standardize` layer put in
             front of the flow (see :class:`~flows.flow.Flow`).
@@ -90,14 +98,15 @@ class ResidualFlow(Flow):
         actnorm: bool = True,
         squeeze: bool | None = None,
         kernel_sizes: Sequence[int] | None = None,
+        scales: int | None = None,
         standardize: Tensor | Standardize | None = None,
     ) -> None:
         if isinstance(features, Sequence) and not isinstance(features, str):
             options = {"coefficient": coefficient, "log_det": log_det, "kernel_sizes": kernel_sizes}
-            chain, size = _image_chain(features, context, transforms, hidden, actnorm, squeeze, options)
+            chain, size = _image_chain(features, context, transforms, hidden, actnorm, squeeze, scales, options)
             super().__init__(chain, StandardNormal(size), standardize=standardize)
             return
-        for name, value in (("squeeze", squeeze), ("kernel_sizes", kernel_sizes)):
+        for name, value in (("squeeze", squeeze), ("kernel_sizes", kernel_sizes), ("scales", scales)):
             if value is not None:
                 raise ValueError(f"ResidualFlow: {name} is an image option (features=(C, H, W)), got {name}={value!r}")
         check_builder("ResidualFlow", features, context, transforms=transforms, hidden=hidden, minimum_layers=1)
@@ -112,26 +121,63 @@ class ResidualFlow(Flow):
 
 
 def _image_chain(
-    shape: Sequence[int], context: Any, transforms: Any, hidden: Any, actnorm: bool, squeeze: bool | None, options: dict
-) -> tuple[Chain, int]:
-    """The single-scale convolutional chain for ``ResidualFlow((C, H, W), ...)`` and its latent size."""
+    shape: Sequence[int],
+    context: Any,
+    transforms: Any,
+    hidden: Any,
+    actnorm: bool,
+    squeeze: bool | None,
+    scales: Any,
+    options: dict,
+) -> tuple[Bijection, int]:
+    """The convolutional chain for ``ResidualFlow((C, H, W), ...)`` (single- or multi-scale) and its latent size."""
     shape = tuple(shape)
     if len(shape) != 3 or not all(isinstance(s, int) and not isinstance(s, bool) and s >= 1 for s in shape):
         raise ValueError(f"ResidualFlow: expected features to be an int or an image shape (C, H, W), got {shape!r}")
     if context != 0:
         raise ValueError(f"ResidualFlow: image residual blocks take no context, got context={context!r}")
     check_count("ResidualFlow", "transforms", transforms)
+    scales = 1 if scales is None else scales
+    check_count("ResidualFlow", "scales", scales)
     hidden = check_hidden("ResidualFlow", hidden, minimum_layers=1)
+    squeezes = scales - 1 + (squeeze is None or bool(squeeze))
+    c, h, w = shape
+    if h % 2**squeezes or w % 2**squeezes:
+        what = (
+            "squeeze=True"
+            if scales == 1
+            else f"scales={scales}" + ("" if squeeze is None or squeeze else ", squeeze=False")
+        )
+        raise ValueError(f"ResidualFlow: {what} needs a height and width divisible by {2**squeezes}, got {h}×{w}")
+    if scales > 1 and c * (4 if squeezes == scales else 1) < 2:
+        raise ValueError(
+            f"ResidualFlow: scales={scales} needs at least 2 channels to split, got {c} with squeeze=False"
+        )
+    level = _image_level((c, h, w), transforms, hidden, actnorm, squeeze is None or bool(squeeze), scales, options)
+    return level, c * h * w
+
+
+def _image_level(
+    shape: tuple[int, int, int],
+    transforms: int,
+    hidden: tuple,
+    actnorm: bool,
+    squeeze: bool,
+    scales: int,
+    options: dict,
+) -> Bijection:
+    """One scale: [squeeze], ``transforms`` × [ActNorm2d, block], then Flatten (last scale) or Split into the next."""
     c, h, w = shape
     layers: list[Bijection] = []
-    if squeeze is None or squeeze:
-        if h % 2 or w % 2:
-            raise ValueError(f"ResidualFlow: squeeze=True needs an even height and width, got {h}×{w}")
+    if squeeze:
         layers.append(Squeeze(c))
         c, h, w = 4 * c, h // 2, w // 2
     for _ in range(transforms):
         if actnorm:
             layers.append(ActNorm2d(c))
         layers.append(ConvResidualBlock((c, h, w), hidden=hidden, **options))
-    layers.append(Flatten((c, h, w)))
-    return Chain(*layers), c * h * w
+    if scales == 1:
+        return Chain(*layers, Flatten((c, h, w)))
+    keep = c // 2
+    inner = _image_level((keep, h, w), transforms, hidden, actnorm, True, scales - 1, options)
+    return Chain(*layers, Split((c, h, w), inner, keep=keep))
