@@ -181,3 +181,26 @@ def test_the_bounded_sos_polynomial_is_the_scaled_plain_one_inside_and_straight_
     torch.testing.assert_close(identity, x, atol=1e-9, rtol=1e-12)  # zero parameters: still the identity
     with pytest.raises(ValueError, match="bound"):
         SOSPolynomialTransformer(3, 2, bound=0.0)
+
+
+def test_sospf_puts_square_root_tails_between_its_layers() -> None:
+    import flows
+
+    kinds = [type(m).__name__ for m in flows.SOSPF(3, transforms=3, hidden=(8,), bound=4.0).transform.transforms]
+    assert kinds == ["MaskedAutoregressive", "SqrtTails", "MaskedAutoregressive", "SqrtTails", "MaskedAutoregressive"]
+    plain = flows.SOSPF(3, transforms=3, hidden=(8,), bound=None).transform.transforms
+    assert all(isinstance(m, flows.MaskedAutoregressive) for m in plain)
+
+
+def test_sqrt_tails_are_the_identity_inside_and_compress_outside() -> None:
+    import flows
+
+    tails = flows.SqrtTails(1, bound=2.0)
+    x = torch.tensor([[-1.5], [2.0], [-5.0], [1e6]], dtype=torch.float64)
+    z, ladj = tails.forward_and_log_det(x)
+    expected = torch.tensor([[-1.5], [2.0], [-4.0], [2 + 2 * ((1e6 - 1) ** 0.5 - 1)]], dtype=torch.float64)
+    torch.testing.assert_close(z, expected)
+    torch.testing.assert_close(ladj, -0.5 * torch.log1p((x.abs() - 2).clamp_min(0)).squeeze(-1))
+    torch.testing.assert_close(tails.inverse(z), x)
+    with pytest.raises(ValueError, match="SqrtTails: expected bound"):
+        flows.SqrtTails(1, bound=0.0)

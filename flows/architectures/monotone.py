@@ -20,6 +20,7 @@ from flows.architectures.autoregressive import _autoregressive_layers
 from flows.architectures.registry import register
 from flows.bijections.base import Bijection, Chain
 from flows.bijections.block_autoregressive import BlockAutoregressive
+from flows.bijections.elementwise import SqrtTails
 from flows.bijections.monotone import (
     BernsteinTransformer,
     DeepSigmoidTransformer,
@@ -50,6 +51,7 @@ class _MonotoneAutoregressiveFlow(Flow):
         activation: Callable[[], nn.Module],
         generator: torch.Generator | None,
         standardize: Tensor | Standardize | None,
+        between: Callable[[], Bijection] | None = None,
     ) -> None:
         check_builder(
             type(self).__name__,
@@ -71,6 +73,8 @@ class _MonotoneAutoregressiveFlow(Flow):
             hidden=hidden,
             activation=activation,
         )
+        if between is not None:  # a fixed bijection between consecutive layers (SOSPF's square-root tails)
+            layers = [m for i, layer in enumerate(layers) for m in ([between()] if i else []) + [layer]]
         super().__init__(Chain(*layers), StandardNormal(features), context=context, standardize=standardize)
 
 
@@ -221,7 +225,11 @@ class SOSPF(_MonotoneAutoregressiveFlow):
             layer is a bijection of the real line that grows linearly; ``None``: plain polynomials
             on all of it. A stack of plain odd-degree polynomials grows like :math:`x^{(2r+1)^L}`:
             standardised data with tails (digits pixels reach 22 standard deviations) then overflow
-            float32 in the second layer and training gives NaN at its first step.
+            float32 in the second layer and training gives NaN at its first step. With a bound,
+            a :class:`~flows.bijections.elementwise.SqrtTails` (identity on ``[-bound, bound]``,
+            square-root tails outside) sits between consecutive layers, so that a test point that one
+            layer's MADE sends far out is not amplified by the next (zuko puts soft clips there,
+            which bound the image and make the flow non-surjective).
         randperm: random feature orders instead of alternating ones.
         activation: nonlinearity of the MADEs.
         generator: random generator for ``randperm``.
@@ -263,6 +271,7 @@ class SOSPF(_MonotoneAutoregressiveFlow):
             activation=activation,
             generator=generator,
             standardize=standardize,
+            between=None if bound is None else lambda: SqrtTails(features, bound=bound),
         )
 
 

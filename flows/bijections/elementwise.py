@@ -14,7 +14,7 @@ from flows._validation import check_number, under_vmap
 from flows.bijections.base import Bijection, over_event, sum_event_dims
 from flows.bijections.transformers import AffineTransformer, Transformer
 
-__all__ = ["Affine", "Elementwise", "Logit", "Sigmoid", "SoftClip"]
+__all__ = ["Affine", "Elementwise", "Logit", "Sigmoid", "SoftClip", "SqrtTails"]
 
 
 class Elementwise(Bijection):
@@ -246,6 +246,57 @@ class SoftClip(Bijection):
         shrink = 1 - z.abs() / self.bound
         ladj = -2 * torch.log(shrink)
         return z / shrink, sum_event_dims(ladj, len(self.event_shape), self.batch_shape(z))
+
+    def extra_repr(self) -> str:
+        return f"bound={self.bound:g}"
+
+
+class SqrtTails(Bijection):
+    r"""Elementwise identity on ``[-B, B]`` with square-root tails: a bijection of the real line that tames outliers.
+
+    With :math:`o = \max(|x| - B, 0)`,
+
+    .. math:: z = \operatorname{sign}(x)\,\big(B + 2(\sqrt{1 + o} - 1)\big) \ (|x| > B), \qquad
+              \log|\det J| = -\tfrac12 \sum_i \log(1 + o_i),
+
+    the identity inside, and the inverse :math:`x = \operatorname{sign}(z)\big(B + (1 + (|z| - B)/2)^2
+    - 1\big)` outside. The map is :math:`C^1` (slope 1 on both sides of :math:`\pm B`) and onto
+    :math:`\mathbb{R}`, unlike :class:`SoftClip`, whose image is ``(-B, B)``. Placed between
+    polynomial layers (:class:`~flows.architectures.monotone.SOSPF`) it does what zuko's soft clips
+    do there: a point that one layer sends far out is compressed before the next layer sees it, and
+    the flow stays a bijection of the real line. The tails are square roots rather than logarithms
+    so that the inverse grows only quadratically: a latent far beyond ``B`` (an untrained flow's
+    sample) keeps a finite preimage that the next numerical inverse can bracket.
+
+    Args:
+        event_shape: shape of one event.
+        bound: the bound ``B > 0``.
+
+    Raises:
+        ValueError: for a bound that is not a finite positive number.
+
+    Example:
+        >>> import torch
+        >>> t = SqrtTails(1, bound=2.0)
+        >>> x = torch.tensor([[1.5], [5.0]])
+        >>> t(x).squeeze(-1).tolist(), t.inverse(t(x)).allclose(x)
+        ([1.5, 4.0], True)
+    """
+
+    def __init__(self, event_shape: int | Sequence[int], *, bound: float = 10.0) -> None:
+        super().__init__(event_shape)
+        self.bound = check_number("SqrtTails", "bound", bound, minimum=0, strict=True)
+
+    def forward_and_log_det(self, x: Tensor, context: Tensor | None = None) -> tuple[Tensor, Tensor]:
+        over = (x.abs() - self.bound).clamp_min(0)
+        root = torch.sqrt(1 + over)
+        z = torch.where(over > 0, torch.sign(x) * (self.bound + 2 * (root - 1)), x)
+        return z, sum_event_dims(-torch.log(root), len(self.event_shape), self.batch_shape(x))
+
+    def inverse_and_log_det(self, z: Tensor, context: Tensor | None = None) -> tuple[Tensor, Tensor]:
+        root = 1 + (z.abs() - self.bound).clamp_min(0) / 2
+        x = torch.where(root > 1, torch.sign(z) * (self.bound + root.square() - 1), z)
+        return x, sum_event_dims(torch.log(root), len(self.event_shape), self.batch_shape(z))
 
     def extra_repr(self) -> str:
         return f"bound={self.bound:g}"

@@ -317,8 +317,13 @@ class SOSPolynomialTransformer(MonotoneTransformer):
         self.bound = bound
         self.degree, self.squares = degree, squares
         self.params_per_dim = 1 + squares * (degree + 1)
-        powers = torch.arange(degree + 1, dtype=torch.float64)
-        self.register_buffer("_inverse_orders", 1 / (powers[:, None] + powers[None, :] + 1), persistent=False)
+        # b_n = sum_k sum_{l+m=n} a_kl a_km: the Gram matrix's anti-diagonal sums, as one matrix product
+        order = torch.arange(degree + 1)
+        antidiagonal = F.one_hot((order[:, None] + order[None, :]).flatten(), 2 * degree + 1).to(torch.float64)
+        self.register_buffer("_antidiagonal", antidiagonal, persistent=False)
+        self.register_buffer(
+            "_inverse_orders", 1 / torch.arange(1.0, 2 * degree + 2, dtype=torch.float64), persistent=False
+        )
 
     def forward_and_log_det(self, x: Tensor, params: Tensor) -> tuple[Tensor, Tensor]:
         self._check_params(params)
@@ -329,12 +334,12 @@ class SOSPolynomialTransformer(MonotoneTransformer):
         inside = x if self.bound is None else x.clamp(-self.bound, self.bound)
         scale = 1.0 if self.bound is None else self.bound
         u = inside / scale
-        powers = u.unsqueeze(-1) ** torch.arange(2 * r + 2, device=x.device, dtype=x.dtype)  # u^0 .. u^(2r+1)
-        gram = a.unsqueeze(-1) * a.unsqueeze(-2)  # (*, K, r+1, r+1)
-        coefficients = (gram.sum(-3) * self._inverse_orders.to(x)).flatten(-2)  # a_l a_m / (l + m + 1)
-        order = (torch.arange(r + 1)[:, None] + torch.arange(r + 1)[None, :]).flatten().to(x.device)
-        integral = (coefficients * powers[..., order + 1]).sum(-1)
-        squares = (a * powers[..., None, : r + 1]).sum(-1).square().sum(-1)
+        # sum_k p_k(u)^2 = sum_n b_n u^n and its integral sum_n b_n u^(n+1) / (n+1), from the 2r + 1
+        # coefficients b (a batched Gram matrix and its anti-diagonal sums) and the powers u^0 .. u^(2r+1)
+        b = torch.einsum("...kl,...km->...lm", a, a).flatten(-2) @ self._antidiagonal.to(x)
+        powers = u.unsqueeze(-1).expand(*u.shape, 2 * r + 1).cumprod(-1)  # u^1 .. u^(2r+1)
+        squares = b[..., 0] + (b[..., 1:] * powers[..., :-1]).sum(-1)
+        integral = (b * self._inverse_orders.to(x) * powers).sum(-1)
         z = c + self.floor * x + scale * integral
         if self.bound is not None:
             z = z + (x - inside) * squares  # the straight tails, with the end slopes

@@ -27,6 +27,7 @@ CASES = [
     Case("logit-alpha", lambda: flows.Logit((2, 2, 2), alpha=0.05), (2, 2, 2), domain="unit", tags=("image",)),
     Case("sigmoid", lambda: flows.Sigmoid(3), (3,)),
     Case("softclip", lambda: flows.SoftClip(3, bound=2.0), (3,)),
+    Case("sqrttails", lambda: flows.SqrtTails(3, bound=0.5), (3,)),
     Case("reverse", lambda: flows.Reverse(5), (5,)),
     Case("reverse-channels", lambda: flows.Reverse((3, 2, 2)), (3, 2, 2), tags=("image",)),
     Case("permutation", _seeded(lambda: flows.Permutation(6)), (6,)),
