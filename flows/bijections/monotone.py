@@ -407,11 +407,10 @@ class BernsteinTransformer(MonotoneTransformer):
         self.register_buffer("_binomial1", log_binomial1.exp(), persistent=False)
 
     @staticmethod
-    def _basis(u: Tensor, binomial: Tensor) -> Tensor:
-        m = binomial.shape[0] - 1
-        k = torch.arange(m + 1, device=u.device, dtype=u.dtype)
+    def _powers(u: Tensor, m: int) -> Tensor:
+        """``u^0 .. u^m`` along a new last axis, by a cumulative product (no power with a tensor exponent)."""
         u = u.unsqueeze(-1)
-        return binomial.to(u) * u**k * (1 - u) ** (m - k)
+        return torch.cat((torch.ones_like(u), u.expand(*u.shape[:-1], m).cumprod(-1)), -1)
 
     def forward_and_log_det(self, x: Tensor, params: Tensor) -> tuple[Tensor, Tensor]:
         self._check_params(params)
@@ -420,8 +419,10 @@ class BernsteinTransformer(MonotoneTransformer):
         theta = torch.cat((params[..., :1] - b, params[..., :1] - b + steps.cumsum(-1)), -1)
         xc = x.clamp(-b, b)
         u = (xc + b) / (2 * b)
-        value = (theta * self._basis(u, self._binomial)).sum(-1)
-        slope = (m / (2 * b)) * (steps * self._basis(u, self._binomial1)).sum(-1)
+        # b_{k,M}(u) = C(M,k) u^k (1-u)^(M-k) and b_{k,M-1}(u) from one table of powers of u and of 1 - u
+        up, down = self._powers(u, m), self._powers(1 - u, m).flip(-1)  # u^k and (1-u)^(M-k), k = 0..M
+        value = (theta * self._binomial.to(u) * up * down).sum(-1)
+        slope = (m / (2 * b)) * (steps * self._binomial1.to(u) * up[..., :m] * down[..., 1:]).sum(-1)
         return value + slope * (x - xc), torch.log(slope)
 
     def extra_repr(self) -> str:
