@@ -38,7 +38,7 @@ from flows.metrics import histogram_kl, kish_ess, state_free_energy
 from flows.metrics.importance import free_energy_profile
 from flows.plot.molecules import plot_ramachandran
 from flows.targets import AlanineDipeptide, TransformedTarget
-from flows.train import MaximumLikelihood, ReverseKL, Trainer, WeightedSum
+from flows.train import CosineDecay, MaximumLikelihood, ReverseKL, Trainer, WeightedSum
 from flows.train.energy import AnnealTemperature
 
 B_LOW, B_HIGH = 0.0, 2.2
@@ -59,6 +59,9 @@ def parse(argv: list[str] | None) -> argparse.Namespace:
     p.add_argument("--lr", type=float, default=1e-3)
     p.add_argument("--ft-lr", type=float, default=2e-4)
     p.add_argument("--ft-batch", type=int, default=256, help="flow samples per reverse-KL step")
+    p.add_argument(
+        "--cosine", action="store_true", help="decay each stage's learning rate to 0 over its seconds (CosineDecay)"
+    )
     p.add_argument("--forward-weight", type=float, default=0.5)
     p.add_argument("--reverse-weight", type=float, default=0.5)
     p.add_argument(
@@ -203,6 +206,8 @@ def main(argv: list[str] | None = None) -> list[dict[str, float]]:
     results = []
     t0 = time.perf_counter()
     trainer = Trainer(flow, MaximumLikelihood(), lr=args.lr, clip_grad_norm=10.0, progress=False)
+    if args.cosine:
+        trainer.callbacks.append(CosineDecay(trainer.optimizer, seconds=args.ml_seconds))
     trainer.fit(data, val, batch_size=args.batch, time_budget=args.ml_seconds, max_steps=args.max_steps, epochs=10_000)
     ml_steps, ml_time = trainer.step, time.perf_counter() - t0
     results.append(evaluate(flow, ic, target, test_x, ref, args, "ml", out))
@@ -227,6 +232,8 @@ def main(argv: list[str] | None = None) -> list[dict[str, float]]:
         tuner = Trainer(
             flow, WeightedSum(terms), lr=args.ft_lr, clip_grad_norm=10.0, callbacks=callbacks, progress=False
         )
+        if args.cosine:
+            tuner.callbacks.append(CosineDecay(tuner.optimizer, seconds=args.ft_seconds))
         tuner.fit(data, batch_size=args.batch, time_budget=args.ft_seconds, max_steps=args.max_steps, epochs=10_000)
         results.append(evaluate(flow, ic, target, test_x, ref, args, "finetuned", out))
         results[-1].update(steps=tuner.step, train_seconds=time.perf_counter() - t0)

@@ -14,6 +14,7 @@ from flows.bijections.auxiliary import add_auxiliary_loss
 from flows.data import TensorLoader
 from flows.train import (
     Callback,
+    CosineDecay,
     EarlyStopping,
     MaximumLikelihood,
     NonFiniteGuard,
@@ -125,6 +126,55 @@ def test_learning_rate_schedules_per_epoch_and_per_step() -> None:
         scheduler_interval="step",
     )
     assert trainer.fit(_data(100), epochs=1, batch_size=25)["lr"] == pytest.approx([0.1 * 0.5**4])
+
+
+def test_cosine_decay_follows_the_cosine_over_steps_and_ends_at_the_floor() -> None:
+    trainer = Trainer(_model(), lr=0.2)
+    decay = CosineDecay(trainer.optimizer, steps=8, floor=0.1)
+    seen: list[float] = []
+
+    class Watch(Callback):
+        def on_step_end(self, trainer: Trainer, metrics: dict[str, float]) -> None:
+            seen.append(trainer.optimizer.param_groups[0]["lr"])
+
+    trainer.callbacks = [decay, Watch()]
+    trainer.fit(_data(100), epochs=2, batch_size=25)  # 8 steps
+    expected = [0.2 * (0.1 + 0.9 * 0.5 * (1 + math.cos(math.pi * k / 8))) for k in range(1, 9)]
+    assert seen == pytest.approx(expected)
+    assert seen[-1] == pytest.approx(0.02)
+
+
+def test_cosine_decay_over_seconds_continues_across_a_resume(tmp_path) -> None:
+    class Clock:  # a trainer stand-in: only step and elapsed are read
+        step, elapsed = 0, 0.0
+
+    opt = torch.optim.SGD([nn.Parameter(torch.zeros(1))], lr=1.0)
+    decay = CosineDecay(opt, seconds=100.0)
+    clock = Clock()
+    clock.elapsed = 25.0
+    decay.on_step_end(clock, {})
+    assert opt.param_groups[0]["lr"] == pytest.approx(0.5 * (1 + math.cos(math.pi / 4)))
+    state = decay.state_dict()
+    fresh_opt = torch.optim.SGD([nn.Parameter(torch.zeros(1))], lr=opt.param_groups[0]["lr"])  # as restored
+    resumed = CosineDecay(fresh_opt, seconds=100.0)
+    resumed.load_state_dict(state)  # the initial rate, not the decayed one the optimizer now holds
+    clock.elapsed = 50.0
+    resumed.on_fit_start(clock)
+    assert fresh_opt.param_groups[0]["lr"] == pytest.approx(0.5)  # half way, from the saved initial rate 1.0
+    clock.elapsed = 150.0
+    resumed.on_step_end(clock, {})
+    assert fresh_opt.param_groups[0]["lr"] == 0.0
+
+
+@pytest.mark.parametrize(
+    ("kwargs", "error"),
+    [({}, ValueError), ({"steps": 5, "seconds": 1.0}, ValueError), ({"steps": 0}, ValueError),
+     ({"seconds": math.nan}, TypeError), ({"steps": "5"}, TypeError), ({"steps": 5, "floor": 1.0}, ValueError)],
+)  # fmt: skip
+def test_cosine_decay_refuses_bad_horizons(kwargs, error) -> None:
+    opt = torch.optim.SGD([nn.Parameter(torch.zeros(1))], lr=1.0)
+    with pytest.raises(error, match="CosineDecay"):
+        CosineDecay(opt, **kwargs)
 
 
 def test_plateau_scheduler_receives_the_monitored_metric() -> None:

@@ -10,7 +10,8 @@
   (conditional flow matching with noise level σ, independent or minibatch-OT couplings);
 * regression onto latent–data pairs (:mod:`flows.train.regression`): :class:`PairRegression`
   (FORT / RegFlow; pairs from :mod:`flows.train.pairs`);
-* callbacks: :class:`EarlyStopping`, :class:`MetricsLogger`, :class:`PrintMetrics`, :class:`RecordNFE`;
+* callbacks: :class:`CosineDecay`, :class:`EarlyStopping`, :class:`MetricsLogger`, :class:`PrintMetrics`,
+  :class:`RecordNFE`;
 * checkpoints: :func:`save_checkpoint`, :func:`load_checkpoint` (the training state, with the
   model config of :func:`flows.model_file.describe_model` in the header; models themselves are
   saved with :func:`flows.save_model` and rebuilt with :func:`flows.load_model`);
@@ -21,7 +22,7 @@
 
 from flows.train._lock import RunLockedError
 from flows.train.alignment import RepresentationAlignment
-from flows.train.callbacks import Callback, EarlyStopping, MetricsLogger, PrintMetrics, RecordNFE
+from flows.train.callbacks import Callback, CosineDecay, EarlyStopping, MetricsLogger, PrintMetrics, RecordNFE
 from flows.train.checkpoint import (
     Checkpoint,
     CheckpointError,
@@ -50,6 +51,7 @@ __all__ = [
     "Callback",
     "Checkpoint",
     "CheckpointError",
+    "CosineDecay",
     "EarlyStopping",
     "FlowMatching",
     "ForwardKL",

@@ -28,7 +28,16 @@ from flows.train.guard import TrainingWarning
 if TYPE_CHECKING:  # pragma: no cover
     from flows.train.trainer import Trainer
 
-__all__ = ["Callback", "EarlyStopping", "MetricsLogger", "PrintMetrics", "RecordNFE", "bar_output", "progress_bar"]
+__all__ = [
+    "Callback",
+    "CosineDecay",
+    "EarlyStopping",
+    "MetricsLogger",
+    "PrintMetrics",
+    "RecordNFE",
+    "bar_output",
+    "progress_bar",
+]
 
 
 class Callback:
@@ -286,6 +295,72 @@ class RecordNFE(Callback):
             record["nfe"] = sum(self.counts) / len(self.counts)
             self.means.append(record["nfe"])
         self.counts = []
+
+
+class CosineDecay(Callback):
+    r"""Decay every learning rate by a cosine over a number of steps or a wall-clock budget.
+
+    :math:`\eta(p) = \eta_1 + (\eta_0 - \eta_1)\,\tfrac12 (1 + \cos \pi p)`, with progress
+    :math:`p = \min(1, \text{step}/\text{steps})` or :math:`\min(1, \text{elapsed}/\text{seconds})`
+    (the trainer's training seconds, restored on resume, so a resumed run continues the same
+    schedule), :math:`\eta_0` each parameter group's learning rate when the callback is built and
+    :math:`\eta_1 = \eta_0 \cdot` ``floor``. A budget in seconds is what a time-budgeted run
+    wants (Loshchilov & Hutter 2017, "SGDR", arXiv:1608.03983, in time rather than steps); the
+    rate is set before the first step and after every step.
+
+    Args:
+        optimizer: the optimizer whose groups' ``lr`` it drives (``trainer.optimizer``).
+        steps: steps over which the rate decays (give this or ``seconds``).
+        seconds: training seconds over which the rate decays.
+        floor: the final rate as a fraction of the initial one, in ``[0, 1)``.
+
+    Example:
+        >>> import torch
+        >>> opt = torch.optim.SGD([torch.nn.Parameter(torch.zeros(1))], lr=1.0)
+        >>> decay = CosineDecay(opt, steps=10)
+        >>> class FakeTrainer:
+        ...     step, elapsed = 5, 0.0
+        >>> decay.on_step_end(FakeTrainer(), {})
+        >>> round(opt.param_groups[0]["lr"], 6)
+        0.5
+    """
+
+    def __init__(
+        self, optimizer: Any, *, steps: int | None = None, seconds: float | None = None, floor: float = 0.0
+    ) -> None:
+        if (steps is None) == (seconds is None):
+            raise ValueError(f"CosineDecay: expected exactly one of steps and seconds, got {steps}, {seconds}")
+        horizon = steps if steps is not None else seconds
+        if isinstance(horizon, bool) or not isinstance(horizon, int | float) or not math.isfinite(horizon):
+            raise TypeError(f"CosineDecay: expected a finite number of steps or seconds, got {horizon!r}")
+        if horizon <= 0:
+            raise ValueError(f"CosineDecay: expected a positive number of steps or seconds, got {horizon}")
+        if isinstance(floor, bool) or not isinstance(floor, int | float) or not 0 <= floor < 1:
+            raise ValueError(f"CosineDecay: expected 0 <= floor < 1, got {floor!r}")
+        self.optimizer, self.steps, self.seconds, self.floor = optimizer, steps, seconds, float(floor)
+        self.initial = [float(group["lr"]) for group in optimizer.param_groups]
+
+    def progress(self, trainer: Trainer) -> float:
+        """Fraction of the schedule done, in ``[0, 1]``."""
+        done = trainer.step / self.steps if self.steps is not None else trainer.elapsed / self.seconds
+        return min(1.0, max(0.0, done))
+
+    def _set(self, trainer: Trainer) -> None:
+        factor = self.floor + (1 - self.floor) * 0.5 * (1 + math.cos(math.pi * self.progress(trainer)))
+        for group, lr in zip(self.optimizer.param_groups, self.initial, strict=True):
+            group["lr"] = lr * factor
+
+    def on_fit_start(self, trainer: Trainer) -> None:
+        self._set(trainer)
+
+    def on_step_end(self, trainer: Trainer, metrics: dict[str, float]) -> None:
+        self._set(trainer)
+
+    def state_dict(self) -> dict[str, Any]:
+        return {"initial": list(self.initial)}
+
+    def load_state_dict(self, state: dict[str, Any]) -> None:
+        self.initial = [float(lr) for lr in state["initial"]]
 
 
 def progress_bar(
