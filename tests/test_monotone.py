@@ -183,24 +183,55 @@ def test_the_bounded_sos_polynomial_is_the_scaled_plain_one_inside_and_straight_
         SOSPolynomialTransformer(3, 2, bound=0.0)
 
 
-def test_sospf_puts_square_root_tails_between_its_layers() -> None:
+def test_sospf_puts_soft_clips_onto_the_real_line_between_its_layers() -> None:
     import flows
 
-    kinds = [type(m).__name__ for m in flows.SOSPF(3, transforms=3, hidden=(8,), bound=4.0).transform.transforms]
-    assert kinds == ["MaskedAutoregressive", "SqrtTails", "MaskedAutoregressive", "SqrtTails", "MaskedAutoregressive"]
+    layers = flows.SOSPF(3, transforms=3, hidden=(8,), bound=4.0).transform.transforms
+    kinds = [type(m).__name__ for m in layers]
+    assert kinds == ["MaskedAutoregressive", "SoftClip", "MaskedAutoregressive", "SoftClip", "MaskedAutoregressive"]
+    assert (layers[1].bound, layers[1].slope) == (pytest.approx(4.4), 0.01)
     plain = flows.SOSPF(3, transforms=3, hidden=(8,), bound=None).transform.transforms
     assert all(isinstance(m, flows.MaskedAutoregressive) for m in plain)
 
 
-def test_sqrt_tails_are_the_identity_inside_and_compress_outside() -> None:
+def test_a_soft_clip_with_a_slope_squeezes_far_values_and_inverts_everywhere() -> None:
     import flows
 
-    tails = flows.SqrtTails(1, bound=2.0)
-    x = torch.tensor([[-1.5], [2.0], [-5.0], [1e6]], dtype=torch.float64)
-    z, ladj = tails.forward_and_log_det(x)
-    expected = torch.tensor([[-1.5], [2.0], [-4.0], [2 + 2 * ((1e6 - 1) ** 0.5 - 1)]], dtype=torch.float64)
+    clip = flows.SoftClip(1, bound=2.0, slope=0.01).double()
+    x = torch.tensor([[-1e8], [-200.0], [-1.5], [0.0], [1e-6], [2.0], [1e3]], dtype=torch.float64)
+    z, ladj = clip.forward_and_log_det(x)
+    torch.testing.assert_close(z, 0.99 * x / (1 + x.abs() / 2) + 0.01 * x)
+    torch.testing.assert_close(ladj, torch.log(0.99 / (1 + x.abs() / 2) ** 2 + 0.01).squeeze(-1))
+    assert z[1].item() == pytest.approx(-0.99 * 200 / 101 - 2.0)  # 200 reaches about 2 B, not 200
+    x_back, ladj_back = clip.inverse_and_log_det(z)
+    torch.testing.assert_close(x_back, x, rtol=1e-12, atol=1e-15)
+    torch.testing.assert_close(ladj_back, -ladj)
+    assert clip.codomain.check(torch.tensor([[1e9]])).all()  # onto the real line
+    bounded = flows.SoftClip(1, bound=2.0)
+    assert not bounded.codomain.check(torch.tensor([[2.5]])).any()
+    with pytest.raises(ValueError, match="SoftClip"):
+        bounded.inverse(torch.tensor([[2.5]]))  # outside (-B, B): no preimage without a slope
+    for bad in ({"slope": 1.0}, {"slope": -0.1}, {"bound": 0.0}):
+        with pytest.raises(ValueError, match="SoftClip: expected"):
+            flows.SoftClip(1, **{"bound": 2.0, **bad})
+
+
+def test_a_soft_clip_knee_is_the_identity_inside_and_c1_at_the_knee() -> None:
+    import flows
+
+    clip = flows.SoftClip(1, bound=3.0, slope=0.02, knee=1.0).double()
+    inside = torch.linspace(-1.0, 1.0, 9, dtype=torch.float64)[:, None]
+    z, ladj = clip.forward_and_log_det(inside)
+    torch.testing.assert_close(z, inside)
+    torch.testing.assert_close(ladj, torch.zeros(9, dtype=torch.float64))
+    x = torch.tensor([[1.0 + 1e-7], [-1.0 - 1e-7]], dtype=torch.float64)
+    assert clip.forward_and_log_det(x)[1].abs().max() < 1e-6  # slope 1 on both sides of the knee
+    far = torch.tensor([[-1e6], [-4.0], [2.5], [1e4]], dtype=torch.float64)
+    z, ladj = clip.forward_and_log_det(far)
+    expected = torch.sign(far) * (1 + 0.98 * 2 * (far.abs() - 1) / (far.abs() + 1) + 0.02 * (far.abs() - 1))
     torch.testing.assert_close(z, expected)
-    torch.testing.assert_close(ladj, -0.5 * torch.log1p((x.abs() - 2).clamp_min(0)).squeeze(-1))
-    torch.testing.assert_close(tails.inverse(z), x)
-    with pytest.raises(ValueError, match="SqrtTails: expected bound"):
-        flows.SqrtTails(1, bound=0.0)
+    x_back, ladj_back = clip.inverse_and_log_det(z)
+    torch.testing.assert_close(x_back, far, rtol=1e-12, atol=1e-12)
+    torch.testing.assert_close(ladj_back, -ladj)
+    with pytest.raises(ValueError, match=r"knee in \[0, bound\)"):
+        flows.SoftClip(1, bound=3.0, knee=3.0)

@@ -20,7 +20,7 @@ from flows.architectures.autoregressive import _autoregressive_layers
 from flows.architectures.registry import register
 from flows.bijections.base import Bijection, Chain
 from flows.bijections.block_autoregressive import BlockAutoregressive
-from flows.bijections.elementwise import SqrtTails
+from flows.bijections.elementwise import SoftClip
 from flows.bijections.monotone import (
     BernsteinTransformer,
     DeepSigmoidTransformer,
@@ -202,6 +202,10 @@ class UNAF(_MonotoneAutoregressiveFlow):
         )
 
 
+CLIP_SLOPE = 0.01
+"""Far-out slope of the soft clips between SOSPF's layers: a coordinate at 100 times the bound reaches 2 times it."""
+
+
 @register
 class SOSPF(_MonotoneAutoregressiveFlow):
     r"""Sum-of-squares polynomial flow: SOS polynomial transformers driven by MADEs.
@@ -225,11 +229,12 @@ class SOSPF(_MonotoneAutoregressiveFlow):
             layer is a bijection of the real line that grows linearly; ``None``: plain polynomials
             on all of it. A stack of plain odd-degree polynomials grows like :math:`x^{(2r+1)^L}`:
             standardised data with tails (digits pixels reach 22 standard deviations) then overflow
-            float32 in the second layer and training gives NaN at its first step. With a bound,
-            a :class:`~flows.bijections.elementwise.SqrtTails` (identity on ``[-bound, bound]``,
-            square-root tails outside) sits between consecutive layers, so that a test point that one
-            layer's MADE sends far out is not amplified by the next (zuko puts soft clips there,
-            which bound the image and make the flow non-surjective).
+            float32 in the second layer and training gives NaN at its first step. With a bound, a
+            :class:`~flows.bijections.elementwise.SoftClip` onto the real line
+            (``0.99 x / (1 + |x| / 1.1B) + 0.01 x``) sits between consecutive layers, so that a point
+            that one layer sends far out reaches the next squeezed into about ``±1.1 B``, where its
+            polynomial was trained, instead of riding its steep end slope; zuko puts plain soft clips
+            there (slope 0), which bound the image and make the flow non-surjective.
         randperm: random feature orders instead of alternating ones.
         activation: nonlinearity of the MADEs.
         generator: random generator for ``randperm``.
@@ -271,7 +276,7 @@ class SOSPF(_MonotoneAutoregressiveFlow):
             activation=activation,
             generator=generator,
             standardize=standardize,
-            between=None if bound is None else lambda: SqrtTails(features, bound=bound),
+            between=None if bound is None else lambda: SoftClip(features, bound=1.1 * bound, slope=CLIP_SLOPE),
         )
 
 

@@ -10,7 +10,7 @@ from flows.bijections.continuous import CNF, total_nfe
 from flows.bijections.conv import Invertible1x1Conv
 from flows.bijections.coupling import AdditiveCoupling, AffineCoupling, Coupling, alternating_mask, half_mask
 from flows.bijections.eiw import EIWShuffle, EntropyPermutation
-from flows.bijections.elementwise import Affine, Elementwise, Logit, Sigmoid, SoftClip, SqrtTails
+from flows.bijections.elementwise import Affine, Elementwise, Logit, Sigmoid, SoftClip
 from flows.bijections.injective import FreeFormInjective, InjectiveLinear, half_log_det_gram, orthogonal_probes
 from flows.bijections.internal_coordinates import InternalCoordinates
 from flows.bijections.linear import LULinear
@@ -97,7 +97,6 @@ __all__ = [
     "SpectralConv2d",
     "SpectralLinear",
     "Split",
-    "SqrtTails",
     "Squeeze",
     "Standardize",
     "StochasticBlock",

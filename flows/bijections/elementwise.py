@@ -14,7 +14,7 @@ from flows._validation import check_number, under_vmap
 from flows.bijections.base import Bijection, over_event, sum_event_dims
 from flows.bijections.transformers import AffineTransformer, Transformer
 
-__all__ = ["Affine", "Elementwise", "Logit", "Sigmoid", "SoftClip", "SqrtTails"]
+__all__ = ["Affine", "Elementwise", "Logit", "Sigmoid", "SoftClip"]
 
 
 class Elementwise(Bijection):
@@ -203,100 +203,94 @@ class Sigmoid(Bijection):
 
 
 class SoftClip(Bijection):
-    r"""Elementwise soft clip :math:`z = x / (1 + |x|/B)` from the real line onto ``(-B, B)``.
+    r"""Elementwise soft clip onto ``(-B, B)``, or onto the real line with a small far-out slope and an identity knee.
 
-    * forward: :math:`\log|\det J| = -2 \sum_i \log(1 + |x_i|/B)`;
-    * inverse: :math:`x = z / (1 - |z|/B)`, defined for ``|z| < B`` only.
+    With the knee :math:`k \in [0, B)`, :math:`c = B - k`, the slope :math:`s \in [0, 1)` and the
+    overshoot :math:`o = \max(|x| - k, 0)`,
 
-    The identity near 0 (slope 1) and bounded far out: placed between polynomial layers (SOS
-    polynomial flows), it keeps a stack of odd-degree polynomials from overflowing on the tails of
-    standardised data, as zuko's ``SOSPF`` does with its ``SoftclipTransform``.
+    .. math:: z = \operatorname{sign}(x) \Big(\min(|x|, k) + (1 - s)\,\frac{c\, o}{c + o} + s\, o\Big),
+              \qquad \log|\det J| = \sum_i \log\Big(\frac{(1 - s)\, c^2}{(c + o_i)^2} + s\Big),
+
+    so ``k = s = 0`` is zuko's soft clip :math:`x / (1 + |x|/B)` onto ``(-B, B)``. The map is the
+    identity on ``[-k, k]``, :math:`C^1` (slope 1 on both sides of the knee) and far out grows like
+    :math:`\pm(B - s c) + s x`. The inverse is closed form: for :math:`|z| > k`, with
+    :math:`w = |z| - k`, the overshoot is the positive root of :math:`s o^2 + (c - w) o - w c = 0`,
+    evaluated without cancellation (:math:`o = w c / (c - w)` when ``s = 0``, defined for
+    ``|z| < B`` only).
+
+    Placed between polynomial layers (SOS polynomial flows) it keeps a stack of odd-degree
+    polynomials from overflowing, and a point that one layer sends far out from riding the next
+    layer's steep end slope, as zuko's ``SOSPF`` does with its ``SoftclipTransform``
+    (``k = s = 0``). With ``s = 0`` the image is the bounded box, so a flow built on it is not onto
+    the real line and latents outside it have no preimage; a small slope (``1e-2``: a coordinate at
+    ``x`` far out reaches about ``B + x/100``) keeps the squeeze and makes the map a bijection of the
+    real line, and a knee leaves the bulk of the data untouched.
 
     Args:
         event_shape: shape of one event.
-        bound: the bound ``B > 0``.
+        bound: the bound ``B > 0`` (the level of the squeeze).
+        slope: the far-out slope ``0 <= s < 1`` (``0``: the image is ``(-B, B)``).
+        knee: the half-width ``0 <= k < B`` of the identity region.
 
     Raises:
-        ValueError: for a bound that is not a finite positive number; in the inverse pass, for
-            inputs outside ``(-B, B)``.
+        ValueError: for a bound that is not a finite positive number, a slope outside ``[0, 1)`` or
+            a knee outside ``[0, B)``; in the inverse pass with ``slope=0``, for inputs outside ``(-B, B)``.
 
     Example:
         >>> import torch
         >>> t = SoftClip(1, bound=2.0)
         >>> t(torch.tensor([[2.0]])).item(), t.inverse(torch.tensor([[1.0]])).item()
         (1.0, 2.0)
+        >>> onto = SoftClip(1, bound=2.0, slope=0.5, knee=1.0)
+        >>> onto(torch.tensor([[0.5], [2.0]])).squeeze(-1).tolist(), onto.inverse(torch.tensor([[1.75]])).item()
+        ([0.5, 1.75], 2.0)
     """
 
-    def __init__(self, event_shape: int | Sequence[int], *, bound: float = 10.0) -> None:
+    def __init__(
+        self, event_shape: int | Sequence[int], *, bound: float = 10.0, slope: float = 0.0, knee: float = 0.0
+    ) -> None:
         super().__init__(event_shape)
         self.bound = check_number("SoftClip", "bound", bound, minimum=0, strict=True)
+        self.slope = check_number("SoftClip", "slope", slope, minimum=0)
+        if self.slope >= 1:
+            raise ValueError(f"SoftClip: expected slope in [0, 1), got {slope!r}")
+        self.knee = check_number("SoftClip", "knee", knee, minimum=0)
+        if self.knee >= self.bound:
+            raise ValueError(f"SoftClip: expected knee in [0, bound) = [0, {self.bound:g}), got {knee!r}")
 
     @property
     def codomain(self) -> constraints.Constraint:
-        """``(-B, B)`` per element."""
+        """``(-B, B)`` per element, the real line with a slope."""
+        if self.slope > 0:
+            return over_event(constraints.real, len(self.event_shape))
         return over_event(constraints.interval(-self.bound, self.bound), len(self.event_shape))
 
-    def forward_and_log_det(self, x: Tensor, context: Tensor | None = None) -> tuple[Tensor, Tensor]:
-        scale = 1 + x.abs() / self.bound
-        ladj = -2 * torch.log(scale)
-        return x / scale, sum_event_dims(ladj, len(self.event_shape), self.batch_shape(x))
-
-    def inverse_and_log_det(self, z: Tensor, context: Tensor | None = None) -> tuple[Tensor, Tensor]:
-        _check_open_interval(z, type(self).__name__, -self.bound, self.bound)
-        shrink = 1 - z.abs() / self.bound
-        ladj = -2 * torch.log(shrink)
-        return z / shrink, sum_event_dims(ladj, len(self.event_shape), self.batch_shape(z))
-
-    def extra_repr(self) -> str:
-        return f"bound={self.bound:g}"
-
-
-class SqrtTails(Bijection):
-    r"""Elementwise identity on ``[-B, B]`` with square-root tails: a bijection of the real line that tames outliers.
-
-    With :math:`o = \max(|x| - B, 0)`,
-
-    .. math:: z = \operatorname{sign}(x)\,\big(B + 2(\sqrt{1 + o} - 1)\big) \ (|x| > B), \qquad
-              \log|\det J| = -\tfrac12 \sum_i \log(1 + o_i),
-
-    the identity inside, and the inverse :math:`x = \operatorname{sign}(z)\big(B + (1 + (|z| - B)/2)^2
-    - 1\big)` outside. The map is :math:`C^1` (slope 1 on both sides of :math:`\pm B`) and onto
-    :math:`\mathbb{R}`, unlike :class:`SoftClip`, whose image is ``(-B, B)``. Placed between
-    polynomial layers (:class:`~flows.architectures.monotone.SOSPF`) it does what zuko's soft clips
-    do there: a point that one layer sends far out is compressed before the next layer sees it, and
-    the flow stays a bijection of the real line. The tails are square roots rather than logarithms
-    so that the inverse grows only quadratically: a latent far beyond ``B`` (an untrained flow's
-    sample) keeps a finite preimage that the next numerical inverse can bracket.
-
-    Args:
-        event_shape: shape of one event.
-        bound: the bound ``B > 0``.
-
-    Raises:
-        ValueError: for a bound that is not a finite positive number.
-
-    Example:
-        >>> import torch
-        >>> t = SqrtTails(1, bound=2.0)
-        >>> x = torch.tensor([[1.5], [5.0]])
-        >>> t(x).squeeze(-1).tolist(), t.inverse(t(x)).allclose(x)
-        ([1.5, 4.0], True)
-    """
-
-    def __init__(self, event_shape: int | Sequence[int], *, bound: float = 10.0) -> None:
-        super().__init__(event_shape)
-        self.bound = check_number("SqrtTails", "bound", bound, minimum=0, strict=True)
+    def _log_slope(self, over: Tensor) -> Tensor:
+        c, s = self.bound - self.knee, self.slope
+        return torch.log((1 - s) * (c / (c + over)) ** 2 + s)
 
     def forward_and_log_det(self, x: Tensor, context: Tensor | None = None) -> tuple[Tensor, Tensor]:
-        over = (x.abs() - self.bound).clamp_min(0)
-        root = torch.sqrt(1 + over)
-        z = torch.where(over > 0, torch.sign(x) * (self.bound + 2 * (root - 1)), x)
-        return z, sum_event_dims(-torch.log(root), len(self.event_shape), self.batch_shape(x))
+        c, s = self.bound - self.knee, self.slope
+        over = (x.abs() - self.knee).clamp_min(0)
+        z = torch.sign(x) * (x.abs() - over + (1 - s) * c * over / (c + over) + s * over)
+        return z, sum_event_dims(self._log_slope(over), len(self.event_shape), self.batch_shape(x))
 
     def inverse_and_log_det(self, z: Tensor, context: Tensor | None = None) -> tuple[Tensor, Tensor]:
-        root = 1 + (z.abs() - self.bound).clamp_min(0) / 2
-        x = torch.where(root > 1, torch.sign(z) * (self.bound + root.square() - 1), z)
-        return x, sum_event_dims(torch.log(root), len(self.event_shape), self.batch_shape(z))
+        c, s = self.bound - self.knee, self.slope
+        tiny = torch.finfo(z.dtype).tiny
+        w = (z.abs() - self.knee).clamp_min(0)
+        if s == 0:
+            _check_open_interval(z, type(self).__name__, -self.bound, self.bound)
+            over = w * c / (c - w).clamp_min(tiny)
+        else:
+            b = c - w
+            root = torch.sqrt(b * b + 4 * s * w * c)
+            positive = b > 0
+            big = torch.where(positive, b + root, root - b)  # no cancellation on either side
+            over = torch.where(positive, 2 * w * c / big.clamp_min(tiny), big / (2 * s))
+        x = torch.sign(z) * (z.abs() - w + over)
+        return x, sum_event_dims(-self._log_slope(over), len(self.event_shape), self.batch_shape(z))
 
     def extra_repr(self) -> str:
-        return f"bound={self.bound:g}"
+        extra = "".join(f", {k}={v:g}" for k, v in (("slope", self.slope), ("knee", self.knee)) if v > 0)
+        return f"bound={self.bound:g}{extra}"
