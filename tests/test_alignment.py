@@ -145,6 +145,60 @@ def test_the_trainer_trains_flow_and_projector_with_the_alignment_term() -> None
         align(flows.RealNVP(16, transforms=1, hidden=(4,)), (x.flatten(1),))
 
 
+def test_a_resumed_alignment_run_continues_with_the_saved_projector(tmp_path) -> None:
+    x, y = _batch(12)
+
+    def run(epochs: int, resume: bool):
+        torch.manual_seed(0)
+        flow = _flow()
+        align = RepresentationAlignment(_encoder(), where=ALIGNED, width=16, features=6, projector_width=8).double()
+        trainer = Trainer(
+            flow,
+            align,
+            optimizer=lambda p: torch.optim.Adam([*p, *align.projector.parameters()], 1e-3),
+            progress=False,
+            checkpoint=tmp_path / "run.ckpt",
+        )
+        if resume:
+            trainer.resume()
+        trainer.fit((x, y), epochs=epochs, batch_size=6, shuffle=False)
+        return flow, align
+
+    whole_flow, whole = run(2, resume=False)
+    (tmp_path / "run.ckpt").unlink()
+    run(1, resume=False)
+    resumed_flow, resumed = run(2, resume=True)  # a fresh projector in the new process: the checkpoint restores it
+    for a, b in zip(whole.projector.parameters(), resumed.projector.parameters(), strict=True):
+        torch.testing.assert_close(a, b, rtol=0, atol=1e-12)
+    for a, b in zip(whole_flow.parameters(), resumed_flow.parameters(), strict=True):
+        torch.testing.assert_close(a, b, rtol=0, atol=1e-12)
+
+
+def test_a_trainer_refuses_an_objective_whose_parameters_the_optimizer_does_not_hold() -> None:
+    align = RepresentationAlignment(_encoder(), where=ALIGNED, width=16, features=6, projector_width=8).double()
+    with pytest.raises(ValueError, match=r"RepresentationAlignment has trainable parameters .*projector"):
+        Trainer(_flow(), align, progress=False)
+    trainer = Trainer(_flow(), progress=False)
+    with pytest.raises(ValueError, match="does not hold"):
+        trainer.objective = align
+
+
+def test_resuming_without_the_objective_state_is_refused(tmp_path) -> None:
+    x, y = _batch(12)
+    align = RepresentationAlignment(_encoder(), where=ALIGNED, width=16, features=6, projector_width=8).double()
+    trainer = Trainer(
+        _flow(), align, optimizer=lambda p: torch.optim.Adam([*p, *align.projector.parameters()]), progress=False
+    )
+    trainer.fit((x, y), epochs=1, batch_size=6)
+    state = trainer.state_dict()
+    state["objective"] = None  # as an older checkpoint
+    with pytest.raises(ValueError, match="holds none for it"):
+        trainer.load_state_dict(state)
+    plain = Trainer(_flow(), progress=False)
+    with pytest.raises(ValueError, match=r"not an nn\.Module"):
+        plain.load_state_dict(trainer.state_dict())
+
+
 # -- the gradient classifier ---------------------------------------------------------------------
 
 

@@ -68,6 +68,8 @@ def resume_trainer(trainer: Trainer, path: str | os.PathLike | None = None) -> N
     check_training_state(checkpoint.state, path)
     check_finite_state(checkpoint.state["model"], path, "state['model']")
     check_finite_state(checkpoint.state["optimizer"], path, "state['optimizer']")
+    if checkpoint.state.get("objective") is not None:
+        check_finite_state(checkpoint.state["objective"], path, "state['objective']")
     try:
         trainer.load_state_dict(checkpoint.state)
     except (KeyError, RuntimeError, TypeError, ValueError, IndexError) as error:

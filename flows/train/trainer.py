@@ -154,6 +154,7 @@ class Trainer:
         self.rank, self.world_size = get_rank(), get_world_size()
         self.device = next((p.device for p in model.parameters()), torch.device("cpu"))
         self._params = params
+        _check_objective_parameters(self.objective, self.optimizer)
         self._forward = self._build_forward(find_unused_parameters, compile)
 
     def _start_counters(self) -> None:
@@ -201,6 +202,8 @@ class Trainer:
         if not callable(objective):
             raise TypeError(f"Trainer: expected a callable objective(model, batch), got {type(objective).__name__}")
         self._objective = objective
+        if hasattr(self, "optimizer"):  # a replacement after construction
+            _check_objective_parameters(objective, self.optimizer)
         if self._parallel is not None:  # the DDP module calls its own reference
             delattr(self._parallel.module, "objective")  # (a module objective is a submodule there)
             self._parallel.module.objective = objective
@@ -225,7 +228,9 @@ class Trainer:
           trainer snapshots its loaded state when :meth:`fit` starts), ``"callbacks"`` (one state
           per callback, in order), ``"history"``;
         * ``"rng"``: the states of torch's (CPU and CUDA), NumPy's and Python's global generators,
-          which drive shuffling, dequantization noise and any sampling inside the objective.
+          which drive shuffling, dequantization noise and any sampling inside the objective;
+        * ``"objective"``: the objective's ``state_dict`` when it is an ``nn.Module`` with state (the
+          projector of :class:`~flows.train.RepresentationAlignment`), ``None`` otherwise.
 
         As with :meth:`torch.nn.Module.state_dict`, model and optimizer tensors are references,
         not copies: copy the dict (``copy.deepcopy``) to keep it while training goes on.
@@ -253,6 +258,7 @@ class Trainer:
             "callbacks": [cb.state_dict() for cb in self.callbacks],
             "history": self.history.state_dict(),
             "rng": capture_rng_state(),
+            "objective": _objective_state(self.objective),
         }
 
     def load_state_dict(self, state: dict[str, Any]) -> None:
@@ -263,9 +269,10 @@ class Trainer:
         The global random generators are set to the saved states.
 
         Raises:
-            ValueError: for a state that lacks entries, or holds state for another number of
-                callbacks; errors of the model's, optimizer's or scheduler's ``load_state_dict``
-                propagate.
+            ValueError: for a state that lacks entries, holds state for another number of
+                callbacks, or lacks the state of an objective that has some (or has objective state
+                this trainer's objective cannot take); errors of the model's, optimizer's or
+                scheduler's ``load_state_dict`` propagate.
         """
         problem = training_state_problem(state)
         if problem is not None:
@@ -275,6 +282,7 @@ class Trainer:
                 f"Trainer.load_state_dict: the state has state for {len(state['callbacks'])} callbacks, this trainer "
                 f"has {len(self.callbacks)}; resume with the same callbacks"
             )
+        _check_objective_state(self.objective, state.get("objective"))  # before anything is changed
         counters = state["trainer"]
         self.model.load_state_dict(state["model"])
         self.optimizer.load_state_dict(state["optimizer"])
@@ -284,6 +292,8 @@ class Trainer:
             self.guard.load_state_dict(state["guard"])
         for cb, cb_state in zip(self.callbacks, state["callbacks"], strict=True):
             cb.load_state_dict(cb_state)
+        if state.get("objective") is not None:
+            self.objective.load_state_dict(state["objective"])
         self.history.load_state_dict(state["history"])
         self.epoch, self.epoch_step = int(counters["epoch"]), int(counters["epoch_step"])
         self.step = int(counters["step"])
@@ -651,6 +661,46 @@ def _check_arguments(
             raise TypeError(f"Trainer: expected Callback instances, got {type(cb).__name__}")
     if compile is not False:
         compile_options(compile)  # refuse bad options before anything is built
+
+
+def _objective_state(objective: object) -> dict[str, Any] | None:
+    """The objective's ``state_dict`` when it is a module with parameters or buffers, else ``None``."""
+    if isinstance(objective, nn.Module):
+        state = objective.state_dict()
+        return state if state else None
+    return None
+
+
+def _check_objective_state(objective: object, saved: dict[str, Any] | None) -> None:
+    """Refuse an objective state that would leave the objective's parameters fresh, or that has no home."""
+    name = type(objective).__name__
+    if saved is None:
+        if _objective_state(objective) is not None:
+            raise ValueError(
+                f"Trainer.load_state_dict: the objective {name} has parameters or buffers, but the state holds none "
+                "for it (written by an older flows, or by a trainer with another objective); resuming would "
+                "silently restart them"
+            )
+        return
+    if not isinstance(objective, nn.Module):
+        raise ValueError(
+            f"Trainer.load_state_dict: the state holds objective parameters {sorted(saved)[:3]}, but the objective "
+            f"{name} is not an nn.Module to take them; resume with the objective that wrote it"
+        )
+
+
+def _check_objective_parameters(objective: object, optimizer: Optimizer) -> None:
+    """Refuse an objective whose trainable parameters the optimizer does not hold: they would never learn."""
+    if not isinstance(objective, nn.Module):
+        return
+    held = {id(p) for group in optimizer.param_groups for p in group["params"]}
+    missing = [name for name, p in objective.named_parameters() if p.requires_grad and id(p) not in held]
+    if missing:
+        raise ValueError(
+            f"Trainer: the objective {type(objective).__name__} has trainable parameters the optimizer does not hold "
+            f"({', '.join(missing[:3])}{', ...' if len(missing) > 3 else ''}); pass "
+            "optimizer=lambda params: torch.optim.Adam([*params, *objective.parameters()])"
+        )
 
 
 @dataclass
