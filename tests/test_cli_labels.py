@@ -246,3 +246,15 @@ def test_labels_survive_resume_and_a_changed_labels_is_refused(tmp_path: Path, c
     assert _run(["fit", "--data", "digits", *TARFLOW, *QUICK, "--out", plain], capsys)[0] == 0
     code, _, err = _run(["fit", "--data", "digits", "--labels", *TARFLOW, *QUICK, "--out", plain, "--resume"], capsys)
     assert code == 2 and "trained without --labels (unconditional)" in one_line_error(err, "fit")
+
+
+def test_eval_of_a_conditional_model_without_labels_in_its_data_spec_is_one_line(tmp_path: Path, capsys) -> None:
+    torch.manual_seed(0)
+    model = flows.TarFlow(64, transforms=1, hidden=(8,), patch=8, num_classes=10)  # trained from Python, say
+    spec = {"name": "digits", "val_fraction": 0.1, "test_fraction": 0.2, "seed": 0}  # no labels
+    flows.save_model(model, tmp_path / "run", info={"data": spec})
+    code, out, err = _run(["eval", tmp_path / "run", "--allow-changed-data"], capsys)
+    assert code == 2 and out == "", err
+    assert "a conditional model (1 context features) whose data spec has no labels for the test split" in (
+        one_line_error(err, "eval")
+    )

@@ -96,6 +96,12 @@ def eval(args: argparse.Namespace) -> int:
         return _print_accuracy(args, model, data, x, labels)
     draws = 10 if draws is None else draws
     context = None if labels is None else _class_index(model, labels)
+    if context is None and getattr(model, "context_features", None):
+        raise ValueError(
+            f"expected a run whose data gives the model its context, got {str(args.run)!r}: a conditional model "
+            f"({model.context_features} context features) whose data spec has no labels for the {args.split} split; "
+            "evaluate it with flows.train.runs.evaluate_log_likelihood(model, x, context=...)"
+        )
     result = evaluate_log_likelihood(model, x, levels=data.levels, draws=draws, context=context)
     given = ""
     if context is not None:
