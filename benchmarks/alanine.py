@@ -1,6 +1,7 @@
-"""Alanine dipeptide Boltzmann generator: ML on MD frames, then energy fine-tuning, evaluated as in the field.
+r"""Alanine dipeptide Boltzmann generator: ML on MD frames, then energy fine-tuning, evaluated as in the field.
 
-Stages (each on the existing :class:`flows.train.Trainer`, one thread):
+``--model ncsf`` (default): :class:`flows.NCSF` on internal coordinates, in stages (each on the
+existing :class:`flows.train.Trainer`, one thread):
 
 1. maximum likelihood on the MD training frames in internal coordinates (``--ml-seconds``);
 2. energy fine-tuning (``--ft-seconds``): the mixed objective
@@ -19,6 +20,48 @@ where F_ref < 8 kT. ``--out`` writes the Ramachandran plot (reference, flow samp
 and a JSON of every figure.
 
     nice -n 10 python benchmarks/alanine.py --temperature 1000 --ml-seconds 600 --ft-seconds 600 --out /tmp/aldp1000
+
+``--model ecnf``: the same comparison for an :class:`~flows.particles.EquivariantCNF` (EGNN
+``--ecnf-layers`` x ``--ecnf-hidden``) on the Cartesian positions of the 22 atoms, trained by flow
+matching for the same ``--ml-seconds`` (no energy fine-tuning: ``--ft-seconds`` must be 0) and
+evaluated by the same metric code (:func:`evaluate`):
+
+* **data**: MD frames centred (mean free) and divided by one length ``s``, the standard deviation
+  of the centred training coordinates, so the field sees O(1) numbers. The flow's density lives
+  on the 63-dimensional zero-centre-of-mass subspace; in nm it is
+  :math:`\log q(x) = \log q_s(x/s) - 63 \log s` (exact).
+* **atoms are labelled**: the EGNN's nodes are identical (permutation equivariant), which would
+  spread q over all 22! relabellings of the molecule. :class:`AtomBias` adds a learned vector per
+  atom to the output of the first node update, so from the second layer on every atom has its
+  own features (``--ecnf-layers`` >= 2); the first layer stays symmetric in its pairs, which the
+  EGNN's fast exact divergence assumes (checked against autograd in ``tests/test_molecules_example.py``).
+* **coupling** (``--ecnf-coupling``): ``aligned`` (default) is minibatch OT under the distance
+  after the best orthogonal map, without permutations (:func:`aligned_ot_coupling`; Klein, Krämer,
+  Noé 2023 without the permutation part), ``ot`` plain minibatch OT, ``independent``.
+* **evaluation**: float64, dopri5 at ``--ecnf-tol``, exact trace (:meth:`EGNN.divergence`), in
+  chunks of ``--ecnf-chunk``; the seconds of drawing the ``--samples`` (and of the test NLL) are printed.
+* **chirality**: the EGNN is O(3) equivariant and the base reflection invariant, so
+  :math:`q(-x) = q(x)`: the flow draws the D enantiomer as often as the L one, and the force field
+  gives both the same energy. Samples with a positive CB improper (:data:`CHIRAL_ROW`, negative on
+  L) are reflected, :math:`x \to -x`; the folded density on L is exactly :math:`2q(x)`, so
+  :math:`\log 2` is added to every :math:`\log q`. ``d_fraction`` is the raw fraction of D samples.
+* **importance weights**: :math:`\log w = -u(x) - \log q(x)` as for ``ncsf``; q is a density on the
+  mean-free subspace and u is translation invariant, so the weights are those of the Boltzmann
+  density up to a constant (Kish ESS and ΔF ignore it); q and u are both rotation invariant.
+* **test NLL** (on the first ``--ecnf-test-frames`` test frames, all L): ``test_nll_mean_free`` is
+  :math:`-\log 2q(x)` on the 63-dimensional subspace (nm; the particle benchmarks' normalised
+  convention); ``test_nll`` is the same density in the ``ncsf`` convention, per unit volume of
+  rigid motions: the density with a uniform centroid is :math:`2q/n^{3/2}` per unit Cartesian
+  volume (:math:`d^{3n}x = n^{3/2} d^{3n-3}y\, d^3c`), times the :math:`8\pi^2` of the rotations,
+  so ``test_nll = test_nll_mean_free + 1.5 log 22 - log 8π²`` (:func:`rigid_motion_nll`, checked by
+  quadrature on a 3-atom Gaussian in the tests). Both models' test NLLs are then densities of the
+  same L configurations in the same units, and comparable.
+
+The comparison at equal training seconds and equal N (issue 29; the ECNF's exact log q costs about
+0.8 s per sample on one thread, EGNN 3 x 32, so N = 2000 takes about half an hour)::
+
+    python benchmarks/alanine.py --temperature 1000 --ml-seconds 1800 --ft-seconds 0 --samples 2000 --out /tmp/aldp_cmp
+    python benchmarks/alanine.py --model ecnf --temperature 1000 --ml-seconds 1800 --samples 2000 --out /tmp/aldp_cmp
 """
 
 from __future__ import annotations
@@ -27,30 +70,40 @@ import argparse
 import json
 import math
 import time
+from dataclasses import dataclass, field
 from pathlib import Path
 
 import numpy as np
 import torch
+from scipy.optimize import linear_sum_assignment
+from torch import Tensor, nn
 
 import flows
+from flows.bijections.internal_coordinates import dihedral
 from flows.data.files import data_file
 from flows.metrics import histogram_kl, kish_ess, state_free_energy
 from flows.metrics.importance import free_energy_profile
+from flows.particles import EquivariantCNF, kabsch, remove_mean
 from flows.plot.molecules import plot_ramachandran
 from flows.targets import AlanineDipeptide, TransformedTarget
-from flows.train import CosineDecay, MaximumLikelihood, ReverseKL, Trainer, WeightedSum
+from flows.targets.alanine import CHIRAL_ROW
+from flows.train import CosineDecay, EarlyStopping, MaximumLikelihood, ReverseKL, Trainer, WeightedSum
 from flows.train.energy import AnnealTemperature
+from flows.train.flow_matching import FlowMatching
 
 B_LOW, B_HIGH = 0.0, 2.2
 UMBRELLA = "aldp_vacuum_300K_umbrella.npz"
 REFERENCE_DF_SE_300K = 0.13  # bootstrap se of the umbrella/MBAR reference (data README)
+N_ATOMS = 22
+SUBSPACE_DIM = 3 * (N_ATOMS - 1)  # the mean-free subspace of the ECNF's density
 
 
 def parse(argv: list[str] | None) -> argparse.Namespace:
     p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    p.add_argument("--model", choices=("ncsf", "ecnf"), default="ncsf", help="NCSF on internal coordinates or ECNF")
     p.add_argument("--temperature", type=float, default=1000.0, choices=(300.0, 1000.0))
-    p.add_argument("--ml-seconds", type=float, default=300.0)
-    p.add_argument("--ft-seconds", type=float, default=300.0)
+    p.add_argument("--ml-seconds", type=float, default=300.0, help="maximum likelihood (ncsf) or flow matching (ecnf)")
+    p.add_argument("--ft-seconds", type=float, default=None, help="energy fine-tuning (ncsf only; default 300)")
     p.add_argument("--max-steps", type=int, default=None, help="cap on the steps of each stage (smoke tests)")
     p.add_argument("--transforms", type=int, default=8)
     p.add_argument("--hidden", type=int, nargs="+", default=[128, 128])
@@ -59,6 +112,12 @@ def parse(argv: list[str] | None) -> argparse.Namespace:
     p.add_argument("--lr", type=float, default=1e-3)
     p.add_argument("--ft-lr", type=float, default=2e-4)
     p.add_argument("--ft-batch", type=int, default=256, help="flow samples per reverse-KL step")
+    p.add_argument(
+        "--patience",
+        type=int,
+        default=None,
+        help="stop maximum likelihood after this many epochs without a better validation NLL, keeping the best",
+    )
     p.add_argument(
         "--cosine", action="store_true", help="decay each stage's learning rate to 0 over its seconds (CosineDecay)"
     )
@@ -74,12 +133,28 @@ def parse(argv: list[str] | None) -> argparse.Namespace:
     p.add_argument(
         "--linear-torsions", type=float, default=2.0, help="cut open torsions within this of their mean (0: off)"
     )
+    p.add_argument("--ecnf-hidden", type=int, default=32, help="EGNN width (ecnf)")
+    p.add_argument("--ecnf-layers", type=int, default=3, help="EGNN layers, at least 2 (ecnf)")
+    p.add_argument("--ecnf-lr", type=float, default=5e-4, help="Adam learning rate of flow matching (ecnf)")
+    p.add_argument("--ecnf-coupling", choices=("aligned", "ot", "independent"), default="aligned")
+    p.add_argument("--ecnf-tol", type=float, default=1e-4, help="dopri5 rtol = atol of the evaluation (ecnf)")
+    p.add_argument("--ecnf-chunk", type=int, default=500, help="samples per ODE solve in the evaluation (ecnf)")
+    p.add_argument("--ecnf-test-frames", type=int, default=500, help="test frames of the ecnf test NLL")
     p.add_argument("--samples", type=int, default=20000, help="flow samples N for every estimate")
     p.add_argument("--train-frames", type=int, default=None)
     p.add_argument("--data-dir", default=None)
     p.add_argument("--seed", type=int, default=0)
     p.add_argument("--out", default=None)
-    return p.parse_args(argv)
+    args = p.parse_args(argv)
+    if args.model == "ecnf" and (args.ft_seconds or 0) > 0:
+        p.error(f"--model ecnf has no energy fine-tuning stage: expected --ft-seconds 0, got {args.ft_seconds:g}")
+    if args.model == "ecnf" and args.patience is not None:
+        p.error("--patience stops maximum likelihood on its validation NLL: not available with --model ecnf")
+    if args.model == "ecnf" and args.ecnf_layers < 2:
+        p.error(f"--ecnf-layers: expected at least 2 (atom identities enter after layer 1), got {args.ecnf_layers}")
+    if args.ft_seconds is None:
+        args.ft_seconds = 300.0 if args.model == "ncsf" else 0.0
+    return args
 
 
 def reference(target: AlanineDipeptide, args: argparse.Namespace) -> dict[str, object]:
@@ -116,8 +191,26 @@ def reference(target: AlanineDipeptide, args: argparse.Namespace) -> dict[str, o
     }
 
 
+@dataclass
+class Draws:
+    r"""Flow samples in Cartesian coordinates with their log importance weights, and the model's own figures.
+
+    Attributes:
+        x: samples ``(N, 66)`` in nm, float64.
+        log_w: :math:`-u(x) - \log q(x)` ``(N,)``, ``-inf`` where not finite.
+        figures: the test NLL and other model-specific numbers, reported after ``log_w_std``.
+    """
+
+    x: Tensor
+    log_w: Tensor
+    figures: dict[str, float] = field(default_factory=dict)
+
+
 @torch.no_grad()
-def evaluate(flow, ic, target, test_x, ref, args, label: str, out: Path | None) -> dict[str, float]:
+def draw_ncsf(
+    flow: nn.Module, ic: nn.Module, target: AlanineDipeptide, test_x: Tensor, args: argparse.Namespace
+) -> Draws:
+    """NCSF samples mapped to Cartesian positions; test NLL modulo rigid motions (internal coordinates' log-det)."""
     flow.eval()
     q_test, ladj_test = ic.forward_and_log_det(test_x)
     nll = -(flow.log_prob(q_test.float()).double() + ladj_test).mean().item()
@@ -125,11 +218,22 @@ def evaluate(flow, ic, target, test_x, ref, args, label: str, out: Path | None) 
     for start in range(0, args.samples, 5000):
         q, log_q = flow.sample_and_log_prob((min(5000, args.samples - start),))
         x, ladj_inverse = ic.inverse_and_log_det(q.double())
-        log_w = -target.energy(x) - (log_q.double() - ladj_inverse)
         xs.append(x)
-        lws.append(torch.where(torch.isnan(log_w), -math.inf, log_w))
-    x, log_w = torch.cat(xs), torch.cat(lws)
-    angles = target.phi_psi(x)
+        lws.append(-target.energy(x) - (log_q.double() - ladj_inverse))
+    return Draws(torch.cat(xs), torch.cat(lws), {"test_nll": nll})
+
+
+def evaluate(
+    draws: Draws, target: AlanineDipeptide, ref: dict, args: argparse.Namespace, label: str
+) -> dict[str, float]:
+    """Every figure of the comparison from samples ``x`` and their ``log_w``, the same for both models.
+
+    Kish ESS, KL of the φ, ψ and Ramachandran histograms (raw and reweighted) against the
+    reference, p_B, ΔF(B − A) with its delta-method and bootstrap errors, and the largest error of
+    F(φ) where F_ref < 8 kT; the model's own ``draws.figures`` (test NLL, ...) after ``log_w_std``.
+    """
+    log_w = torch.where(torch.isnan(draws.log_w), -math.inf, draws.log_w)
+    angles = target.phi_psi(draws.x)
     in_b = (angles[:, 0] > B_LOW) & (angles[:, 0] < B_HIGH)
     raw, rew = state_free_energy(in_b), state_free_energy(in_b, log_w, bootstrap=200)
     kl = {}
@@ -140,19 +244,19 @@ def evaluate(flow, ic, target, test_x, ref, args, label: str, out: Path | None) 
             )
     profile = free_energy_profile(angles[:, 0], log_w, bins=60, range=(-math.pi, math.pi))
     f_model = profile.free_energy - profile.free_energy[torch.isfinite(profile.free_energy)].min()
-    where = ref["F"] < 8.0
-    diff = (f_model - ref["F"])[where]
+    diff = (f_model - ref["F"])[ref["F"] < 8.0]
     se = math.sqrt(rew.stderr**2 + ref["delta_f_se"] ** 2)
+    ess = float(kish_ess(log_w))
     result = {
         "stage": label,
         "n": args.samples,
-        "ess": float(kish_ess(log_w)),
+        "ess": ess,
         "log_w_std": float(log_w[torch.isfinite(log_w)].std()),
-        "test_nll": nll,
+        **draws.figures,
         **kl,
         "p_b_raw": raw.p_b,
         "p_b_reweighted": rew.p_b,
-        "ess_abs_times_p_b": float(kish_ess(log_w)) * args.samples * rew.p_b,
+        "ess_abs_times_p_b": ess * args.samples * rew.p_b,
         "delta_f": rew.delta_f,
         "delta_f_se": rew.stderr,
         "delta_f_bootstrap_se": rew.bootstrap_stderr,
@@ -164,15 +268,180 @@ def evaluate(flow, ic, target, test_x, ref, args, label: str, out: Path | None) 
     result["delta_f_agrees"] = bool(
         abs(rew.delta_f - ref["delta_f"]) <= result["delta_f_tolerance"] and result["ess_abs_times_p_b"] >= 100
     )
-    if out is not None:
-        panels = [(f"reference: {ref['name']}", ref["angles"], ref["log_w"]), ("flow samples", angles, None)]
-        panels.append((f"reweighted (ESS {result['ess']:.3f})", angles, log_w))
-        title = f"ALDP vacuum {args.temperature:g} K, {label}"
-        stem = f"{int(args.temperature)}K_{label}"
-        plot_ramachandran(panels, out / f"ramachandran_{stem}.png", title=title)
-        torch.save({"angles": angles.float(), "log_w": log_w}, out / f"samples_{stem}.pt")  # to re-plot
-        torch.save(flow.state_dict(), out / f"flow_{stem}.pt")
     return result
+
+
+def save(
+    out: Path,
+    stem: str,
+    draws: Draws,
+    target: AlanineDipeptide,
+    ref: dict,
+    result: dict,
+    args: argparse.Namespace,
+    flow: nn.Module,
+) -> None:
+    """The Ramachandran plot (reference, flow samples, reweighted), the samples' angles and weights, the flow."""
+    angles, log_w = target.phi_psi(draws.x), torch.where(torch.isnan(draws.log_w), -math.inf, draws.log_w)
+    panels = [(f"reference: {ref['name']}", ref["angles"], ref["log_w"]), ("flow samples", angles, None)]
+    panels.append((f"reweighted (ESS {result['ess']:.3f})", angles, log_w))
+    title = f"ALDP vacuum {args.temperature:g} K, {result['stage']}"
+    plot_ramachandran(panels, out / f"ramachandran_{stem}.png", title=title)
+    torch.save({"angles": angles.float(), "log_w": log_w}, out / f"samples_{stem}.pt")  # to re-plot
+    torch.save(flow.state_dict(), out / f"flow_{stem}.pt")
+
+
+def stage(
+    draws: Draws,
+    target: AlanineDipeptide,
+    ref: dict,
+    args: argparse.Namespace,
+    label: str,
+    out: Path | None,
+    flow: nn.Module,
+) -> dict[str, float]:
+    """Evaluate one stage's draws and save its plot, samples and flow under ``out`` (model name in the stem)."""
+    result = evaluate(draws, target, ref, args, label)
+    if out is not None:
+        stem = f"{int(args.temperature)}K_{label}" if args.model == "ncsf" else f"{int(args.temperature)}K_ecnf_{label}"
+        save(out, stem, draws, target, ref, result, args, flow)
+    return result
+
+
+class AtomBias(nn.Linear):
+    """A linear layer plus a learned vector per atom: the last layer of the EGNN's first node update.
+
+    Added there (and not to the input features), it gives every atom its own features from the
+    second message-passing layer on, while the first layer stays symmetric in ``i ↔ j``, as
+    :meth:`flows.particles.EGNN.divergence` assumes. The vectors carry no tangent, so the EGNN's
+    hand-propagated JVPs and divergence are unchanged (tested against autograd).
+    """
+
+    def __init__(self, layer: nn.Linear, n_atoms: int) -> None:
+        super().__init__(layer.in_features, layer.out_features, dtype=layer.weight.dtype)
+        self.load_state_dict(layer.state_dict())
+        self.atoms = nn.Parameter(torch.randn(n_atoms, layer.out_features, dtype=layer.weight.dtype))
+
+    def forward(self, x: Tensor) -> Tensor:
+        return super().forward(x) + self.atoms
+
+
+def labelled_ecnf(n_atoms: int, width: int, layers: int, tol: float) -> EquivariantCNF:
+    """An :class:`EquivariantCNF` over ``n_atoms`` in 3-D whose atoms are told apart by :class:`AtomBias`."""
+    flow = EquivariantCNF(n_atoms, 3, hidden=(width,) * layers, rtol=tol, atol=tol)
+    node = flow.transform.field.node[0]
+    node[2] = AtomBias(node[2], n_atoms)
+    return flow
+
+
+def aligned_ot_coupling(x: Tensor, z: Tensor) -> tuple[Tensor, Tensor]:
+    r"""Minibatch OT under the distance after the best orthogonal map, atoms labelled; each data row aligned.
+
+    Cost :math:`C_{ij} = \|x_i\|^2 + \|z_j\|^2 - 2 \|x_i^\top z_j\|_*` (the minimum over O(3) of
+    :math:`\|R x_i - z_j\|^2`, nuclear norm; both centred), no permutation of the atoms (they are
+    not identical). Data rows keep their order and are rotated (Kabsch) onto their noise partners,
+    which are reordered by the optimal assignment.
+
+    Args:
+        x: centred data ``(N, 3n)``.
+        z: base samples, the same shape.
+
+    Returns:
+        ``(x', z')``: the aligned data and the reordered base samples.
+    """
+    xs, zs = (v.detach().double().unflatten(-1, (-1, 3)) for v in (x, z))
+    nuclear = torch.linalg.svdvals(torch.einsum("aid,bie->abde", xs, zs)).sum(-1)
+    cost = xs.square().sum((1, 2))[:, None] + zs.square().sum((1, 2))[None] - 2 * nuclear
+    _, cols = linear_sum_assignment(cost.numpy())
+    z = z[torch.as_tensor(cols)]
+    zs = zs[torch.as_tensor(cols)]
+    return (xs @ kabsch(xs, zs).mT).flatten(-2).to(x.dtype), z
+
+
+def centre(x: Tensor) -> Tensor:
+    """Configurations ``(N, 66)`` moved to zero centre of geometry (all atoms weigh the same)."""
+    return remove_mean(x, N_ATOMS, 3)
+
+
+def rigid_motion_nll(nll_mean_free: float | Tensor, n_atoms: int = N_ATOMS) -> float | Tensor:
+    r"""A normalised NLL on the mean-free subspace in the ``ncsf`` convention (per unit volume of rigid motions).
+
+    :math:`d^{3n}x = n^{3/2} d^{3n-3}y \, d^3 c` (``y`` orthonormal coordinates of the subspace,
+    ``c`` the centroid) and the rotations have volume :math:`8\pi^2`, so
+    :math:`\text{NLL} = \text{NLL}_{\text{mean free}} + \tfrac32 \log n - \log 8\pi^2`.
+    """
+    return nll_mean_free + 1.5 * math.log(n_atoms) - math.log(8 * math.pi**2)
+
+
+def fold_chirality(x: Tensor, log_q: Tensor) -> tuple[Tensor, Tensor, float]:
+    """Reflect D samples to L (``x → -x``) and add log 2 to every ``log q`` (the folded density is 2q on L).
+
+    Returns:
+        ``(x, log_q, d_fraction)``: folded samples, the folded density's log, the raw fraction of D samples.
+    """
+    pos = x.unflatten(-1, (N_ATOMS, 3))
+    is_d = dihedral(*(pos[:, a] for a in CHIRAL_ROW)) > 0  # the CB improper is negative on L
+    return torch.where(is_d[:, None], -x, x), log_q + math.log(2), float(is_d.double().mean())
+
+
+@torch.no_grad()
+def draw_ecnf(
+    flow: EquivariantCNF, scale: float, target: AlanineDipeptide, test_x: Tensor, args: argparse.Namespace
+) -> Draws:
+    """ECNF samples in nm, folded to L, in float64 with the exact trace; test NLL in both conventions."""
+    flow.double().eval()
+    log_scale = SUBSPACE_DIM * math.log(scale)  # log q(x) = log q_s(x / s) - 63 log s
+    start, xs, log_qs = time.perf_counter(), [], []
+    for k in range(0, args.samples, args.ecnf_chunk):
+        y, log_q = flow.sample_and_log_prob((min(args.ecnf_chunk, args.samples - k),))
+        xs.append(y * scale)
+        log_qs.append(log_q - log_scale)
+    seconds, nfe = time.perf_counter() - start, flow.transform.nfe
+    x, log_q, d_fraction = fold_chirality(torch.cat(xs), torch.cat(log_qs))
+    start = time.perf_counter()
+    test = centre(test_x[: args.ecnf_test_frames]) / scale
+    log_q_test = torch.cat([flow.log_prob(rows) for rows in test.split(args.ecnf_chunk)]) - log_scale + math.log(2)
+    nll_mean_free = -float(log_q_test.mean())
+    figures = {
+        "test_nll": rigid_motion_nll(nll_mean_free),
+        "test_nll_mean_free": nll_mean_free,
+        "test_frames": len(test),
+        "d_fraction": d_fraction,
+        "sample_seconds": seconds,
+        "seconds_per_sample": seconds / args.samples,
+        "nfe_last_solve": nfe,
+        "test_nll_seconds": time.perf_counter() - start,
+    }
+    print(f"ecnf evaluation: {args.samples} samples with exact log q in {seconds:.1f} s "
+          f"({seconds / args.samples:.3f} s per sample), test NLL of {len(test)} frames in "
+          f"{figures['test_nll_seconds']:.1f} s; D fraction {d_fraction:.3f}")  # fmt: skip
+    return Draws(x, -target.energy(x) - log_q, figures)
+
+
+def run_ecnf(
+    target: AlanineDipeptide, train_x: Tensor, test_x: Tensor, ref: dict, args: argparse.Namespace, out: Path | None
+) -> list[dict]:
+    """Flow matching of the labelled ECNF for ``--ml-seconds``, then its evaluation."""
+    data = centre(train_x)
+    scale = float(data.std())
+    flow = labelled_ecnf(N_ATOMS, args.ecnf_hidden, args.ecnf_layers, args.ecnf_tol)
+    coupling = aligned_ot_coupling if args.ecnf_coupling == "aligned" else args.ecnf_coupling
+    print(f"ecnf: EGNN {args.ecnf_layers} x {args.ecnf_hidden} ({sum(p.numel() for p in flow.parameters())} "
+          f"parameters), positions / {scale:.4f} nm, {args.ecnf_coupling} coupling")  # fmt: skip
+    trainer = Trainer(flow, FlowMatching(coupling=coupling), lr=args.ecnf_lr, clip_grad_norm=10.0, progress=False)
+    if args.cosine:
+        trainer.callbacks.append(CosineDecay(trainer.optimizer, seconds=args.ml_seconds))
+    t0 = time.perf_counter()
+    trainer.fit(
+        (data / scale).float(), batch_size=args.batch, time_budget=args.ml_seconds, max_steps=args.max_steps,
+        epochs=10_000,
+    )  # fmt: skip
+    steps, seconds = trainer.step, time.perf_counter() - t0
+    print(f"flow-matching loss per epoch: {[round(v, 3) for v in trainer.history['loss']]}")
+    result = stage(draw_ecnf(flow, scale, target, test_x, args), target, ref, args, "fm", out, flow)
+    result.update(model="ecnf", steps=steps, train_seconds=seconds, scale_nm=scale)
+    report(result)
+    return [result]
 
 
 def report(result: dict[str, float]) -> None:
@@ -182,14 +451,36 @@ def report(result: dict[str, float]) -> None:
             print(f"   {key:28s} {value:.5g}" if isinstance(value, float) else f"   {key:28s} {value}")
 
 
-def main(argv: list[str] | None = None) -> list[dict[str, float]]:
-    args = parse(argv)
-    torch.set_num_threads(1)
-    torch.manual_seed(args.seed)
-    target = AlanineDipeptide(temperature=args.temperature)
-    train_x = target.reference_samples("train", args.data_dir, dtype=torch.float64)[: args.train_frames]
+def finetune(
+    flow: nn.Module, ic: nn.Module, target: AlanineDipeptide, data: Tensor, args: argparse.Namespace
+) -> Trainer:
+    """Energy fine-tuning of the NCSF: ``w_fwd · ForwardKL(MD frames) + w_rev · ReverseKL(ALDP in ic)``."""
+    flow.train()
+    pulled = TransformedTarget(target, ic)
+    cut = None
+    if args.energy_cut is not None:
+        cut = float(pulled.energy(data[:2000].double()).median()) + args.energy_cut
+        print(f"energy cut of the reverse-KL loss at u_z = {cut:.1f}")
+    reverse = ReverseKL(pulled, batch_size=args.ft_batch, energy_cut=cut)
+    terms = [(args.reverse_weight, reverse, "rev")]
+    if args.forward_weight > 0:
+        terms.insert(0, (args.forward_weight, MaximumLikelihood(), "fwd"))
+    callbacks = []
+    if args.anneal_from is not None:
+        reverse.temperature = args.anneal_from
+        callbacks.append(AnnealTemperature(reverse, seconds=args.ft_seconds, start=args.anneal_from, end=1.0))
+    tuner = Trainer(flow, WeightedSum(terms), lr=args.ft_lr, clip_grad_norm=10.0, callbacks=callbacks, progress=False)
+    if args.cosine:
+        tuner.callbacks.append(CosineDecay(tuner.optimizer, seconds=args.ft_seconds))
+    tuner.fit(data, batch_size=args.batch, time_budget=args.ft_seconds, max_steps=args.max_steps, epochs=10_000)
+    return tuner
+
+
+def run_ncsf(
+    target: AlanineDipeptide, train_x: Tensor, test_x: Tensor, ref: dict, args: argparse.Namespace, out: Path | None
+) -> list[dict]:
+    """Maximum likelihood of the NCSF on internal coordinates, then (``--ft-seconds``) energy fine-tuning."""
     val_x = target.reference_samples("val", args.data_dir, dtype=torch.float64)[:1000]
-    test_x = target.reference_samples("test", args.data_dir, dtype=torch.float64)
     extra = {"linear_torsions": args.linear_torsions} if args.linear_torsions > 0 else {}
     ic = target.internal_coordinates(reference=train_x, **extra)
     data, val = ic(train_x).float(), ic(val_x).float()
@@ -197,49 +488,46 @@ def main(argv: list[str] | None = None) -> list[dict[str, float]]:
         data.shape[-1], transforms=args.transforms, hidden=tuple(args.hidden), bins=args.bins,
         circular=ic.circular, lower=ic.lower, upper=ic.upper,
     )  # fmt: skip
-    out = Path(args.out) if args.out else None
-    if out is not None:
-        out.mkdir(parents=True, exist_ok=True)
-    ref = reference(target, args)
     n_circ = int(ic.circular.sum())
     print(f"ALDP vacuum {args.temperature:g} K: {len(train_x)} frames; {n_circ} of 60 coordinates on the circle")
-    results = []
     t0 = time.perf_counter()
     trainer = Trainer(flow, MaximumLikelihood(), lr=args.lr, clip_grad_norm=10.0, progress=False)
     if args.cosine:
         trainer.callbacks.append(CosineDecay(trainer.optimizer, seconds=args.ml_seconds))
+    if args.patience is not None:  # MD frames are correlated: the flow overfits them long before the budget ends
+        trainer.callbacks.append(EarlyStopping(patience=args.patience))
     trainer.fit(data, val, batch_size=args.batch, time_budget=args.ml_seconds, max_steps=args.max_steps, epochs=10_000)
     ml_steps, ml_time = trainer.step, time.perf_counter() - t0
-    results.append(evaluate(flow, ic, target, test_x, ref, args, "ml", out))
+    val_curve = [round(v, 2) for v in trainer.history["val_loss"]]
+    print(f"validation NLL per epoch (standardised internal coordinates): {val_curve}")
+    results = [stage(draw_ncsf(flow, ic, target, test_x, args), target, ref, args, "ml", out, flow)]
     results[-1].update(steps=ml_steps, train_seconds=ml_time)
     report(results[-1])
     if args.ft_seconds > 0:
-        flow.train()
-        pulled = TransformedTarget(target, ic)
-        cut = None
-        if args.energy_cut is not None:
-            cut = float(pulled.energy(data[:2000].double()).median()) + args.energy_cut
-            print(f"energy cut of the reverse-KL loss at u_z = {cut:.1f}")
-        reverse = ReverseKL(pulled, batch_size=args.ft_batch, energy_cut=cut)
-        terms = [(args.reverse_weight, reverse, "rev")]
-        if args.forward_weight > 0:
-            terms.insert(0, (args.forward_weight, MaximumLikelihood(), "fwd"))
-        callbacks = []
-        if args.anneal_from is not None:
-            reverse.temperature = args.anneal_from
-            callbacks.append(AnnealTemperature(reverse, seconds=args.ft_seconds, start=args.anneal_from, end=1.0))
         t0 = time.perf_counter()
-        tuner = Trainer(
-            flow, WeightedSum(terms), lr=args.ft_lr, clip_grad_norm=10.0, callbacks=callbacks, progress=False
-        )
-        if args.cosine:
-            tuner.callbacks.append(CosineDecay(tuner.optimizer, seconds=args.ft_seconds))
-        tuner.fit(data, batch_size=args.batch, time_budget=args.ft_seconds, max_steps=args.max_steps, epochs=10_000)
-        results.append(evaluate(flow, ic, target, test_x, ref, args, "finetuned", out))
+        tuner = finetune(flow, ic, target, data, args)
+        results.append(stage(draw_ncsf(flow, ic, target, test_x, args), target, ref, args, "finetuned", out, flow))
         results[-1].update(steps=tuner.step, train_seconds=time.perf_counter() - t0)
         report(results[-1])
+    return results
+
+
+def main(argv: list[str] | None = None) -> list[dict[str, float]]:
+    args = parse(argv)
+    torch.set_num_threads(1)
+    torch.manual_seed(args.seed)
+    target = AlanineDipeptide(temperature=args.temperature)
+    train_x = target.reference_samples("train", args.data_dir, dtype=torch.float64)[: args.train_frames]
+    test_x = target.reference_samples("test", args.data_dir, dtype=torch.float64)
+    out = Path(args.out) if args.out else None
     if out is not None:
-        (out / f"alanine_{int(args.temperature)}K.json").write_text(
+        out.mkdir(parents=True, exist_ok=True)
+    ref = reference(target, args)
+    run = run_ncsf if args.model == "ncsf" else run_ecnf
+    results = run(target, train_x, test_x, ref, args, out)
+    if out is not None:
+        suffix = "" if args.model == "ncsf" else "_ecnf"
+        (out / f"alanine_{int(args.temperature)}K{suffix}.json").write_text(
             json.dumps({"args": vars(args), "results": results}, indent=1)
         )
     return results

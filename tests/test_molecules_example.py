@@ -40,3 +40,84 @@ def test_alanine_benchmark_smoke(tmp_path: Path) -> None:
     assert 0 < tuned["ess"] <= 1 and math.isfinite(tuned["test_nll"]) and tuned["kl_rama_raw"] >= 0
     assert not tuned["delta_f_agrees"] or tuned["ess_abs_times_p_b"] >= 100
     assert (tmp_path / "ramachandran_1000K_finetuned.png").stat().st_size > 1000
+
+
+def _alanine_benchmark():
+    pytest.importorskip("openmm")
+    directory = os.environ.get("FLOWS_DATA_DIR")
+    if not directory or not os.path.exists(os.path.join(directory, "aldp_vacuum_1000K_md.npz")):
+        pytest.skip("FLOWS_DATA_DIR with the shared data is not set (CI sets it)")
+    return run_script(str(ROOT / "benchmarks" / "alanine.py"))
+
+
+def test_alanine_benchmark_ecnf_smoke(tmp_path: Path) -> None:
+    main = _alanine_benchmark()["main"]
+    argv = ["--model", "ecnf", "--max-steps", "3", "--ecnf-hidden", "8", "--ecnf-layers", "2", "--samples", "8"]
+    argv += ["--ecnf-tol", "1e-3", "--ecnf-test-frames", "8", "--train-frames", "300", "--batch", "32"]
+    (fm,) = main([*argv, "--out", str(tmp_path)])
+    assert fm["stage"] == "fm" and fm["model"] == "ecnf" and fm["steps"] == 3 and fm["n"] == 8
+    assert 0 < fm["ess"] <= 1 and 0 <= fm["d_fraction"] <= 1 and fm["test_frames"] == 8
+    assert math.isfinite(fm["test_nll"]) and math.isfinite(fm["test_nll_mean_free"]) and fm["kl_rama_raw"] >= 0
+    assert (tmp_path / "ramachandran_1000K_ecnf_fm.png").stat().st_size > 1000
+    assert (tmp_path / "alanine_1000K_ecnf.json").exists()
+
+
+def test_alanine_benchmark_ecnf_refuses_fine_tuning(capsys) -> None:
+    main = _alanine_benchmark()["main"]
+    with pytest.raises(SystemExit):
+        main(["--model", "ecnf", "--ft-seconds", "5"])
+    assert "--model ecnf has no energy fine-tuning stage" in capsys.readouterr().err
+
+
+def test_labelled_ecnf_reflection_and_divergence() -> None:
+    """log q(-x) = log q(x) (what the chirality fold's + log 2 rests on); AtomBias keeps the exact divergence."""
+    torch = pytest.importorskip("torch")
+    bench = run_script(str(ROOT / "benchmarks" / "alanine.py"))
+    torch.manual_seed(0)
+    flow = bench["labelled_ecnf"](22, 8, 3, 1e-8).double()
+    field = flow.transform.field
+    with torch.no_grad():  # move away from the near-identity start so the check has something to see
+        for p in field.parameters():
+            p.add_(0.2 * torch.randn_like(p))
+    x = bench["centre"](torch.randn(2, 66, dtype=torch.float64))
+    with torch.no_grad():
+        log_q, log_q_mirror = flow.log_prob(x), flow.log_prob(-x)
+    assert torch.allclose(log_q, log_q_mirror, atol=1e-6, rtol=0)
+    swap = torch.cat([torch.arange(3, 6), torch.arange(0, 3), torch.arange(6, 66)])  # atoms 0 and 1 exchanged
+    t = torch.tensor(0.3, dtype=torch.float64)
+    assert (field(t, x[:, swap]) - field(t, x)[:, swap]).abs().max() > 1e-3  # the atoms are told apart
+    f, div = field.divergence(t, x)
+    jac = torch.autograd.functional.jacobian(lambda z: field(t, z), x)
+    exact = torch.stack([torch.diagonal(jac[i, :, i, :]).sum() for i in range(len(x))])
+    assert torch.allclose(div, exact, atol=1e-8, rtol=1e-8) and torch.allclose(f, field(t, x))
+
+
+def test_fold_chirality_reflects_d_samples() -> None:
+    torch = pytest.importorskip("torch")
+    bench = run_script(str(ROOT / "benchmarks" / "alanine.py"))
+    from flows.targets.alanine import _POSITIONS
+
+    l_form = torch.tensor(_POSITIONS, dtype=torch.float64).flatten()
+    x = torch.stack([l_form, -l_form, l_form])
+    folded, log_q, d_fraction = bench["fold_chirality"](x, torch.zeros(3, dtype=torch.float64))
+    assert torch.equal(folded, l_form.expand(3, -1)) and abs(d_fraction - 1 / 3) < 1e-12
+    assert torch.allclose(log_q, torch.full((3,), math.log(2), dtype=torch.float64))
+
+
+def test_rigid_motion_nll_by_quadrature() -> None:
+    """The ecnf test NLL's conversion: a mean-free Gaussian of 3 atoms, in internal coordinates, integrates to 1."""
+    torch = pytest.importorskip("torch")
+    bench = run_script(str(ROOT / "benchmarks" / "alanine.py"))
+    from flows.bijections.internal_coordinates import InternalCoordinates
+    from flows.particles import remove_mean
+
+    ic = InternalCoordinates([(0,), (1, 0), (2, 1, 0)])
+    m, top = 60, 7.0
+    b = (torch.arange(m, dtype=torch.float64) + 0.5) * top / m
+    a = (torch.arange(m, dtype=torch.float64) + 0.5) * math.pi / m
+    q = torch.stack(torch.meshgrid(b, b, a, indexing="ij"), -1).reshape(-1, 3)
+    x = ic.inverse(q)
+    _, ladj = ic.forward_and_log_det(x)
+    log_q_mean_free = -0.5 * remove_mean(x, 3, 3).square().sum(-1) - 3 * math.log(2 * math.pi)
+    log_p_q = -bench["rigid_motion_nll"](-log_q_mean_free, 3) - ladj  # log p_Q = log p_X (rigid convention) - ladj
+    assert abs(float(log_p_q.exp().sum()) * (top / m) ** 2 * (math.pi / m) - 1) < 1e-3
