@@ -121,3 +121,14 @@ def test_rigid_motion_nll_by_quadrature() -> None:
     log_q_mean_free = -0.5 * remove_mean(x, 3, 3).square().sum(-1) - 3 * math.log(2 * math.pi)
     log_p_q = -bench["rigid_motion_nll"](-log_q_mean_free, 3) - ladj  # log p_Q = log p_X (rigid convention) - ladj
     assert abs(float(log_p_q.exp().sum()) * (top / m) ** 2 * (math.pi / m) - 1) < 1e-3
+
+
+def test_openmm_bridge_benchmark_smoke(capsys) -> None:
+    pytest.importorskip("openmm")
+    directory = os.environ.get("FLOWS_DATA_DIR")
+    if not directory or not os.path.exists(os.path.join(directory, "aldp_vacuum_300K_md.npz")):
+        pytest.skip("FLOWS_DATA_DIR with the shared data is not set (CI sets it)")
+    main = run_script(str(ROOT / "benchmarks" / "openmm_bridge.py"), run_name="benchmark")["main"]
+    result = main(["--frames", "20", "--repeats", "1"])  # it also checks the bridge's values against OpenMM's
+    assert set(result) == {"openmm", "energy_and_grad", "autograd"} and all(v > 0 for v in result.values())
+    assert "energy_and_grad" in capsys.readouterr().out
