@@ -136,7 +136,7 @@ def alignment(args: argparse.Namespace, encoder: nn.Module | None) -> Representa
         weight=args.align_weight,
         width=args.width,
         features=args.encoder_width,
-        projector_width=4 * args.width,
+        projector_width=args.projector_width or 4 * args.width,
     )
 
 
@@ -270,6 +270,9 @@ def parse(argv: list[str] | None) -> argparse.Namespace:
     p.add_argument("--align", default="none", choices=["none", "reverse", "forward", "detach"])
     p.add_argument("--align-weight", type=float, default=0.5)
     p.add_argument("--align-where", default="-2:1,-1:1", help="aligned block:layer pairs (default: nearest z)")
+    p.add_argument(
+        "--projector-width", type=int, default=None, help="hidden width of the alignment projector (default 4 x width)"
+    )
     p.add_argument("--encoder-seconds", type=float, default=60.0, help="training time of the stand-in encoder")
     p.add_argument("--encoder-width", type=int, default=32)
     p.add_argument("--batch", type=int, default=64)

@@ -361,6 +361,7 @@ def test_the_benchmark_trains_a_noise_model_with_reverse_alignment_at_a_tiny_bud
         argv = ["--data", "digits", "--seconds", "0.5", "--patch", "4", "--blocks", "2", "--layers", "1"]
         argv += ["--width", "16", "--eval-images", "20", "--classify-images", "20", "--noise-std", "0.1"]
         argv += ["--align", "reverse", "--align-where=-1:0", "--encoder-seconds", "0.3", "--encoder-width", "8"]
+        argv += ["--projector-width", "12"]
         result = main(argv)
     finally:
         torch.set_num_threads(threads)
