@@ -157,13 +157,29 @@ def test_cosine_decay_over_seconds_continues_across_a_resume(tmp_path) -> None:
     state = decay.state_dict()
     fresh_opt = torch.optim.SGD([nn.Parameter(torch.zeros(1))], lr=opt.param_groups[0]["lr"])  # as restored
     resumed = CosineDecay(fresh_opt, seconds=100.0)
-    resumed.load_state_dict(state)  # the initial rate, not the decayed one the optimizer now holds
+    resumed.load_state_dict(state)  # the factor the restored rate carries, not 1
     clock.elapsed = 50.0
     resumed.on_fit_start(clock)
     assert fresh_opt.param_groups[0]["lr"] == pytest.approx(0.5)  # half way, from the saved initial rate 1.0
     clock.elapsed = 150.0
     resumed.on_step_end(clock, {})
     assert fresh_opt.param_groups[0]["lr"] == 0.0
+
+
+def test_cosine_decay_keeps_the_guards_backoff() -> None:
+    class Clock:
+        step, elapsed = 0, 0.0
+
+    opt = torch.optim.SGD([nn.Parameter(torch.zeros(1))], lr=1.0)
+    decay, clock = CosineDecay(opt, steps=10), Clock()
+    clock.step = 2
+    decay.on_step_end(clock, {})
+    at_2 = opt.param_groups[0]["lr"]
+    opt.param_groups[0]["lr"] *= 0.5  # a NonFiniteGuard rollback halves the rate
+    clock.step = 4
+    decay.on_step_end(clock, {})
+    expected = 0.5 * at_2 * (0.5 * (1 + math.cos(math.pi * 0.4))) / (0.5 * (1 + math.cos(math.pi * 0.2)))
+    assert opt.param_groups[0]["lr"] == pytest.approx(expected)  # the schedule goes on from the lowered rate
 
 
 @pytest.mark.parametrize(

@@ -306,7 +306,9 @@ class CosineDecay(Callback):
     schedule), :math:`\eta_0` each parameter group's learning rate when the callback is built and
     :math:`\eta_1 = \eta_0 \cdot` ``floor``. A budget in seconds is what a time-budgeted run
     wants (Loshchilov & Hutter 2017, "SGDR", arXiv:1608.03983, in time rather than steps); the
-    rate is set before the first step and after every step.
+    rate is set before the first step and after every step. Each update multiplies the rate by
+    the ratio of the new factor to the last one, so a change made by something else between steps
+    (the :class:`~flows.train.NonFiniteGuard`'s backoff after a rollback) is kept, not overwritten.
 
     Args:
         optimizer: the optimizer whose groups' ``lr`` it drives (``trainer.optimizer``).
@@ -339,6 +341,7 @@ class CosineDecay(Callback):
             raise ValueError(f"CosineDecay: expected 0 <= floor < 1, got {floor!r}")
         self.optimizer, self.steps, self.seconds, self.floor = optimizer, steps, seconds, float(floor)
         self.initial = [float(group["lr"]) for group in optimizer.param_groups]
+        self.factor = 1.0  # the factor the rates carry now
 
     def progress(self, trainer: Trainer) -> float:
         """Fraction of the schedule done, in ``[0, 1]``."""
@@ -348,7 +351,8 @@ class CosineDecay(Callback):
     def _set(self, trainer: Trainer) -> None:
         factor = self.floor + (1 - self.floor) * 0.5 * (1 + math.cos(math.pi * self.progress(trainer)))
         for group, lr in zip(self.optimizer.param_groups, self.initial, strict=True):
-            group["lr"] = lr * factor
+            group["lr"] = group["lr"] * (factor / self.factor) if self.factor > 0 else lr * factor
+        self.factor = factor
 
     def on_fit_start(self, trainer: Trainer) -> None:
         self._set(trainer)
@@ -357,10 +361,11 @@ class CosineDecay(Callback):
         self._set(trainer)
 
     def state_dict(self) -> dict[str, Any]:
-        return {"initial": list(self.initial)}
+        return {"initial": list(self.initial), "factor": self.factor}
 
     def load_state_dict(self, state: dict[str, Any]) -> None:
         self.initial = [float(lr) for lr in state["initial"]]
+        self.factor = float(state["factor"])
 
 
 def progress_bar(
