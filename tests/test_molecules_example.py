@@ -13,11 +13,16 @@ from tests.scripts import run_script
 ROOT = Path(__file__).resolve().parents[1]
 
 
-def test_boltzmann_alanine_example_smoke(tmp_path: Path, capsys) -> None:
+def _needs_openmm_and_data(name: str = "aldp_vacuum_1000K_md.npz") -> None:
+    """Skip without OpenMM or without the shared data file ``name`` (CI has both)."""
     pytest.importorskip("openmm")
     directory = os.environ.get("FLOWS_DATA_DIR")
-    if not directory or not os.path.exists(os.path.join(directory, "aldp_vacuum_1000K_md.npz")):
+    if not directory or not os.path.exists(os.path.join(directory, name)):
         pytest.skip("FLOWS_DATA_DIR with the shared data is not set (CI sets it)")
+
+
+def test_boltzmann_alanine_example_smoke(tmp_path: Path, capsys) -> None:
+    _needs_openmm_and_data()
     main = run_script(str(ROOT / "examples" / "boltzmann_alanine.py"), run_name="example")["main"]
     argv = ["--steps", "3", "--transforms", "2", "--hidden", "8", "--samples", "300", "--train-frames", "500"]
     result = main([*argv, "--out", str(tmp_path)])
@@ -29,10 +34,7 @@ def test_boltzmann_alanine_example_smoke(tmp_path: Path, capsys) -> None:
 
 
 def test_alanine_benchmark_smoke(tmp_path: Path) -> None:
-    pytest.importorskip("openmm")
-    directory = os.environ.get("FLOWS_DATA_DIR")
-    if not directory or not os.path.exists(os.path.join(directory, "aldp_vacuum_1000K_md.npz")):
-        pytest.skip("FLOWS_DATA_DIR with the shared data is not set (CI sets it)")
+    _needs_openmm_and_data()
     main = run_script(str(ROOT / "benchmarks" / "alanine.py"))["main"]
     argv = ["--max-steps", "2", "--transforms", "2", "--hidden", "8", "--samples", "300", "--train-frames", "300"]
     ml, tuned = main([*argv, "--ft-batch", "16", "--energy-cut", "1000", "--out", str(tmp_path)])
@@ -43,10 +45,7 @@ def test_alanine_benchmark_smoke(tmp_path: Path) -> None:
 
 
 def _alanine_benchmark():
-    pytest.importorskip("openmm")
-    directory = os.environ.get("FLOWS_DATA_DIR")
-    if not directory or not os.path.exists(os.path.join(directory, "aldp_vacuum_1000K_md.npz")):
-        pytest.skip("FLOWS_DATA_DIR with the shared data is not set (CI sets it)")
+    _needs_openmm_and_data()
     return run_script(str(ROOT / "benchmarks" / "alanine.py"))
 
 
@@ -124,10 +123,7 @@ def test_rigid_motion_nll_by_quadrature() -> None:
 
 
 def test_openmm_bridge_benchmark_smoke(capsys) -> None:
-    pytest.importorskip("openmm")
-    directory = os.environ.get("FLOWS_DATA_DIR")
-    if not directory or not os.path.exists(os.path.join(directory, "aldp_vacuum_300K_md.npz")):
-        pytest.skip("FLOWS_DATA_DIR with the shared data is not set (CI sets it)")
+    _needs_openmm_and_data("aldp_vacuum_300K_md.npz")
     main = run_script(str(ROOT / "benchmarks" / "openmm_bridge.py"), run_name="benchmark")["main"]
     result = main(["--frames", "20", "--repeats", "1"])  # it also checks the bridge's values against OpenMM's
     assert set(result) == {"openmm", "energy_and_grad", "autograd"} and all(v > 0 for v in result.values())
