@@ -7,7 +7,11 @@ existing :class:`flows.train.Trainer`, one thread):
 2. energy fine-tuning (``--ft-seconds``): the mixed objective
    ``w_fwd · ForwardKL(MD frames) + w_rev · ReverseKL(TransformedTarget(ALDP, ic))``
    (``--forward-weight 0`` is pure reverse KL), with the linear-logarithmic energy cut in the loss
-   only, and optionally an annealed temperature of the reverse term (``--anneal-from``).
+   only, and optionally an annealed temperature of the reverse term (``--anneal-from``), plus
+   (``--importance-weight``) ``w_imp · ImportanceForwardKL`` with the backbone reflection
+   ``(φ, ψ) → (−φ, −ψ)`` as a mode-jumping move: the 300 K frames never visit basin B, and this
+   term proposes it from basin A and learns it from the energy (φ and ψ must be on the circle:
+   ``--linear-torsions`` below φ's spread, 1.62 rad at 300 K).
 
 After each stage it reports Kish ESS (N flow samples, no clipping), the test NLL (nats per
 configuration: Cartesian positions in nm modulo rigid motions, i.e. internal coordinates with the
@@ -87,7 +91,15 @@ from flows.particles import EquivariantCNF, kabsch, remove_mean
 from flows.plot.molecules import plot_ramachandran
 from flows.targets import AlanineDipeptide, TransformedTarget
 from flows.targets.alanine import CHIRAL_ROW
-from flows.train import CosineDecay, EarlyStopping, MaximumLikelihood, ReverseKL, Trainer, WeightedSum
+from flows.train import (
+    CosineDecay,
+    EarlyStopping,
+    ImportanceForwardKL,
+    MaximumLikelihood,
+    ReverseKL,
+    Trainer,
+    WeightedSum,
+)
 from flows.train.energy import AnnealTemperature
 from flows.train.flow_matching import FlowMatching
 
@@ -129,6 +141,14 @@ def parse(argv: list[str] | None) -> argparse.Namespace:
         default=None,
         help="linlog cut in the loss, this far above the median u_z of MD frames",
     )
+    p.add_argument(
+        "--importance-weight",
+        type=float,
+        default=0.0,
+        help="weight of ImportanceForwardKL with the backbone reflection (phi, psi) -> (-phi, -psi) as a move",
+    )
+    p.add_argument("--importance-batch", type=int, default=1024, help="proposal samples per ImportanceForwardKL step")
+    p.add_argument("--move-fraction", type=float, default=0.5, help="fraction of the proposal samples reflected")
     p.add_argument("--anneal-from", type=float, default=None, help="start temperature of the reverse term")
     p.add_argument(
         "--linear-torsions", type=float, default=2.0, help="cut open torsions within this of their mean (0: off)"
@@ -454,7 +474,12 @@ def report(result: dict[str, float]) -> None:
 def finetune(
     flow: nn.Module, ic: nn.Module, target: AlanineDipeptide, data: Tensor, args: argparse.Namespace
 ) -> Trainer:
-    """Energy fine-tuning of the NCSF: ``w_fwd · ForwardKL(MD frames) + w_rev · ReverseKL(ALDP in ic)``."""
+    """Energy fine-tuning of the NCSF: ``w_fwd · ForwardKL(MD) + w_rev · ReverseKL + w_imp · ImportanceForwardKL``.
+
+    The importance term (``--importance-weight``) draws from the flow mixed with its image under
+    :meth:`AlanineDipeptide.backbone_reflection`, so basin B, absent from the 300 K frames, is
+    proposed from basin A and learnt from the energy.
+    """
     flow.train()
     pulled = TransformedTarget(target, ic)
     cut = None
@@ -463,6 +488,12 @@ def finetune(
         print(f"energy cut of the reverse-KL loss at u_z = {cut:.1f}")
     reverse = ReverseKL(pulled, batch_size=args.ft_batch, energy_cut=cut)
     terms = [(args.reverse_weight, reverse, "rev")]
+    if args.importance_weight > 0:  # learns basin B from the energy: the reflection carries A's minima onto B's
+        moves = [target.backbone_reflection(ic)]
+        jump = ImportanceForwardKL(
+            pulled, moves=moves, move_fraction=args.move_fraction, batch_size=args.importance_batch
+        )
+        terms.append((args.importance_weight, jump, "jump"))
     if args.forward_weight > 0:
         terms.insert(0, (args.forward_weight, MaximumLikelihood(), "fwd"))
     callbacks = []

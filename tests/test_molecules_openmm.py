@@ -205,3 +205,24 @@ def test_three_atom_marginals_by_importance_sampling_match_quadrature():
     assert abs(log_z - math.log(z_r * z_r * z_a)) < 5 * se + 1e-3
     assert abs(float((w * q[:, 2]).sum()) - mean_a) < 0.01  # measured 2.3e-3
     assert abs(mean_a - a0) > 0.04  # the sin a factor moves the mean: the test can tell it is there
+
+
+def test_backbone_reflection_negates_phi_and_psi_and_nothing_else(aldp):
+    gen = torch.Generator().manual_seed(5)
+    x = aldp.positions0.double() + 0.002 * torch.randn(8, 66, generator=gen, dtype=torch.float64)
+    ic = aldp.internal_coordinates()  # no standardisation: every torsion on the circle, loc = 0
+    move = aldp.backbone_reflection(ic).double()
+    q = ic(x)
+    moved = move(q)
+    y = ic.inverse(moved)
+    torch.testing.assert_close(aldp.phi_psi(y), -aldp.phi_psi(x), rtol=0, atol=1e-9)
+    changed = (moved - q).abs().amax(0) > 1e-12
+    assert int(changed.sum()) == 2  # φ and ψ only
+    torch.testing.assert_close(move(moved), q, rtol=0, atol=1e-12)  # its own inverse
+    assert bool(torch.isfinite(aldp.energy(y)).all())
+    # standardised coordinates (φ shifted by its circular mean) give the same configurations
+    ic_std = aldp.internal_coordinates(reference=x)
+    y_std = ic_std.inverse(aldp.backbone_reflection(ic_std).double()(ic_std(x)))
+    torch.testing.assert_close(aldp.phi_psi(y_std), -aldp.phi_psi(x), rtol=0, atol=1e-6)
+    with pytest.raises(ValueError, match="expected φ and ψ on the circle"):
+        aldp.backbone_reflection(aldp.internal_coordinates(reference=x, linear_torsions=2.0))

@@ -5,7 +5,13 @@ from flows.bijections.base import Bijection, Chain, Inverse, InverseNotAvailable
 from flows.bijections.block_autoregressive import BlockAutoregressive
 from flows.bijections.blockwise import SharedBlocks
 from flows.bijections.circulant import CirculantDiagonal, CirculantDiagonal2d
-from flows.bijections.circular import CircularRationalQuadraticSpline, CircularShift, IntervalToLine, MixedSpline
+from flows.bijections.circular import (
+    CircularRationalQuadraticSpline,
+    CircularReflection,
+    CircularShift,
+    IntervalToLine,
+    MixedSpline,
+)
 from flows.bijections.continuous import CNF, total_nfe
 from flows.bijections.conv import Invertible1x1Conv
 from flows.bijections.coupling import AdditiveCoupling, AffineCoupling, Coupling, alternating_mask, half_mask
@@ -55,6 +61,7 @@ __all__ = [
     "CirculantDiagonal",
     "CirculantDiagonal2d",
     "CircularRationalQuadraticSpline",
+    "CircularReflection",
     "CircularShift",
     "ConvResidualBlock",
     "Coupling",

@@ -181,6 +181,46 @@ class CircularShift(Bijection):
         return self._rotate(z, -1.0)
 
 
+class CircularReflection(Bijection):
+    r"""Reflection of angles about fixed axes: :math:`z = \operatorname{wrap}(2a - x)`, ``ladj`` = 0, its own inverse.
+
+    A fixed, volume-preserving move between symmetric regions of a torus, for example the
+    backbone torsions :math:`(\phi, \psi) \to (-\phi, -\psi)` of a peptide, which carry the
+    :math:`\alpha_R` and C7eq minima onto :math:`\alpha_L` and C7ax (a mode-jumping move of
+    :class:`~flows.train.ImportanceForwardKL`). With ``circular`` only those entries reflect; the
+    others pass unchanged. The axes are a buffer, not a parameter.
+
+    Args:
+        features: number of entries.
+        axis: the axis :math:`a` (a float, or a tensor of shape ``(features,)``).
+        circular: boolean mask ``(features,)`` of the reflected angles (``None``: every entry).
+
+    Example:
+        >>> import torch
+        >>> t = CircularReflection(2, axis=0.0)
+        >>> [round(v, 4) for v in t(torch.tensor([0.5, -3.0])).tolist()]
+        [-0.5, 3.0]
+    """
+
+    def __init__(self, features: int, axis: float | Tensor = 0.0, circular: Tensor | None = None) -> None:
+        super().__init__(features)
+        axis = torch.as_tensor(axis, dtype=torch.get_default_dtype())
+        if axis.dim() > 1 or axis.numel() not in (1, features) or not bool(torch.isfinite(axis).all()):
+            raise ValueError(f"CircularReflection: expected a finite axis, a float or ({features},), got {axis}")
+        circular = torch.ones(features, dtype=torch.bool) if circular is None else torch.as_tensor(circular).bool()
+        if circular.shape != (features,):
+            raise ValueError(f"CircularReflection: expected a mask of shape ({features},), got {tuple(circular.shape)}")
+        self.register_buffer("axis", axis.expand(features).clone())
+        self.register_buffer("circular", circular, persistent=False)
+
+    def forward_and_log_det(self, x: Tensor, context: Tensor | None = None) -> tuple[Tensor, Tensor]:
+        z = torch.where(self.circular, wrap(2 * self.axis - x), x)
+        return z, sum_event_dims(torch.zeros_like(z), 1, self.batch_shape(x))
+
+    def inverse_and_log_det(self, z: Tensor, context: Tensor | None = None) -> tuple[Tensor, Tensor]:
+        return self.forward_and_log_det(z, context)
+
+
 class IntervalToLine(Bijection):
     r"""Fixed elementwise map of a box (bounds may be infinite) onto the real line, with slope 1 at the middle.
 

@@ -20,6 +20,7 @@ import numpy as np
 import torch
 from torch import Tensor
 
+from flows.bijections.circular import CircularReflection
 from flows.bijections.internal_coordinates import InternalCoordinates, dihedral
 from flows.data.files import data_file
 from flows.targets.openmm import OpenMMTarget, import_openmm
@@ -146,6 +147,37 @@ class AlanineDipeptide(OpenMMTarget):
         """
         kwargs.setdefault("chirality", {CHIRAL_ROW[0]: -1})
         return InternalCoordinates(Z_MATRIX, **kwargs)
+
+    def backbone_reflection(self, ic: InternalCoordinates) -> CircularReflection:
+        r"""The move :math:`(\phi, \psi) \to (-\phi, -\psi)` in the coordinates of ``ic`` (other entries unchanged).
+
+        It carries the :math:`\alpha_R` and C7eq minima of basin A onto :math:`\alpha_L` and C7ax of
+        basin B (the mirror images of the backbone), with log-det 0: a mode-jumping move for
+        :class:`~flows.train.ImportanceForwardKL`, which lets a flow trained on basin-A frames learn
+        basin B from the energy.
+
+        Args:
+            ic: this molecule's internal coordinates (:meth:`internal_coordinates`), with :math:`\phi`
+                and :math:`\psi` on the circle (choose ``linear_torsions`` below their spread).
+
+        Raises:
+            ValueError: for internal coordinates of another Z-matrix, or with φ or ψ cut open.
+        """
+        if tuple(map(tuple, ic.z_matrix)) != Z_MATRIX:
+            raise ValueError("AlanineDipeptide.backbone_reflection: expected the internal coordinates of Z_MATRIX")
+        placed = [row[0] for row in Z_MATRIX[3:]]
+        index = [ic.torsions.start + placed.index(atom) for atom in (PHI_ATOMS[0], PSI_ATOMS[-1])]
+        features = ic.event_shape_out[-1]
+        mask = torch.zeros(features, dtype=torch.bool)
+        mask[index] = True
+        if not bool(ic.circular[mask].all()):
+            raise ValueError(
+                "AlanineDipeptide.backbone_reflection: expected φ and ψ on the circle, got them cut open "
+                "(choose linear_torsions below their spread)"
+            )
+        axis = torch.zeros(features)
+        axis[: len(ic.loc)] = -ic.loc  # z = wrap(q - loc) on the circle, so q -> -q is z -> wrap(-2 loc - z)
+        return CircularReflection(features, axis=axis, circular=mask)
 
     def reference_samples(
         self, split: str = "test", data_dir: str | os.PathLike | None = None, *, dtype: torch.dtype | None = None

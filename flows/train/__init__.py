@@ -5,7 +5,8 @@
 * objectives: :class:`MaximumLikelihood` (data), :class:`WeightedSum` (mixtures), and the
   :class:`Objective` protocol for your own; energy targets (:mod:`flows.train.energy`):
   :class:`ReverseKL` (with temperature and :class:`AnnealTemperature`), :class:`ForwardKL` on
-  reference or exact samples;
+  reference or exact samples, :class:`ImportanceForwardKL` (from the model's own samples, with
+  mode-jumping moves);
 * flow matching of continuous flows (:mod:`flows.train.flow_matching`): :class:`FlowMatching`
   (conditional flow matching with noise level σ, independent or minibatch-OT couplings);
 * regression onto latent–data pairs (:mod:`flows.train.regression`): :class:`PairRegression`
@@ -33,6 +34,7 @@ from flows.train.checkpoint import (
 from flows.train.energy import (
     AnnealTemperature,
     ForwardKL,
+    ImportanceForwardKL,
     ReverseKL,
     annealed_temperature,
     forward_kl_loss,
@@ -57,6 +59,7 @@ __all__ = [
     "ForwardKL",
     "FreeFormInjectiveObjective",
     "History",
+    "ImportanceForwardKL",
     "MaximumLikelihood",
     "MetricsLogger",
     "NonFiniteGuard",

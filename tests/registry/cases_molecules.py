@@ -67,6 +67,12 @@ CASES += [
         perturb=0.5,
     ),
     Case("circular-shift", lambda: flows.CircularShift(3, shift=0.0), (3,), sample=_angles, perturb=0.5),
+    Case(
+        "circular-reflection",
+        lambda: flows.CircularReflection(3, torch.tensor([0.3, -1.0, 2.0]), circular=torch.tensor([1, 1, 0])),
+        (3,),
+        sample=_angles,
+    ),
 ]
 
 _LOWER = torch.tensor([0.0, -1.0, -math.inf, -math.inf])

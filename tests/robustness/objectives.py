@@ -34,6 +34,7 @@ BAD_ROW = 1
 
 NO_DATA = {
     "ReverseKL": "draws its own samples from the model; a batch is not its input (WeightedSum may pass one)",
+    "ImportanceForwardKL": "draws its own proposal samples from the model and its moves; a batch is not its input",
     "PairRegression": "takes (z, x) latent-data pairs, not (x, context) batches; pair shapes are checked by "
     "pair_regression_loss",
     "Objective": "the abstract base class",
