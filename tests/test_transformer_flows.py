@@ -66,8 +66,23 @@ def test_the_temperature_divides_the_attention_logits() -> None:
     logits = q @ k.transpose(-1, -2) / (8**0.5 * 0.5)
     logits = logits.masked_fill(~torch.ones(4, 4, dtype=torch.bool).tril(), float("-inf"))
     h = h + block.out(logits.softmax(-1) @ v)
-    expected = net.proj_out(h + block.mlp(block.norm2(h)))
+    expected = net.proj_out(net.norm_out(h + block.mlp(block.norm2(h))))
     torch.testing.assert_close(net(x, temperature=0.5), expected, atol=1e-13, rtol=0)
+
+
+def test_the_outputs_stay_bounded_however_large_the_input() -> None:
+    """The final LayerNorm: an input 10⁶ times the usual size gives outputs of the usual size.
+
+    Without it the residual stream carries ``W_in x`` to the output, so a flow block's shift grows
+    with its input and a stack of blocks compounds the growth.
+    """
+    torch.manual_seed(0)
+    net = CausalTransformer(3, 6, tokens=5, width=16, layers=2, heads=2, zero_init=False).double()
+    x = torch.randn(4, 5, 3, dtype=torch.float64)
+    bound = net.proj_out.weight.abs().sum(1) * net.norm_out.weight.abs().max() * 4 + net.proj_out.bias.abs()
+    for size in (1.0, 1e3, 1e6):
+        out = net(size * x)
+        assert bool((out.abs() <= bound).all())  # |LN(h)| ≤ √width = 4 per entry, times the affine
 
 
 def test_the_null_class_is_the_mean_of_the_class_table_or_a_learned_row() -> None:

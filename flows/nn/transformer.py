@@ -8,7 +8,12 @@ to every token, pass ``layers`` pre-LN blocks
           h \leftarrow h + \operatorname{MLP}(\operatorname{LN}(h)),
 
 with causal multi-head self-attention (token ``s`` attends to tokens ``≤ s``; softmax scale
-``1 / (sqrt(head_dim) · temperature)``), and are projected to ``out_features``.
+``1 / (sqrt(head_dim) · temperature)``), and pass a final LayerNorm (GPT-2's ``ln_f``) before the
+projection to ``out_features``. The final norm bounds the outputs whatever the input's size: without
+it the residual stream carries ``W_in x`` straight to the output, so in a stack of flow blocks an
+unusual input that one block sends far out gets a shift proportional to its size in the next, and
+the growth compounds (a TarFlow trained an hour on MNIST scored a few test images at 10⁸ bits/dim
+that way).
 
 Decoding one token at a time keeps the keys and values of the tokens seen so far in a
 :class:`KVCache`, an immutable object that :meth:`CausalTransformer.decode` takes and returns:
@@ -163,6 +168,7 @@ class CausalTransformer(nn.Module):
         if context_features:
             self.context_in = nn.Linear(context_features, width)
         self.blocks = nn.ModuleList(_Block(width, heads, mlp_ratio) for _ in range(layers))
+        self.norm_out = nn.LayerNorm(width)
         self.proj_out = nn.Linear(width, out_features)
         if zero_init:
             nn.init.zeros_(self.proj_out.weight)
@@ -233,7 +239,7 @@ class CausalTransformer(nn.Module):
             h, (k, v) = block(h, (k, v), temperature)
             keys.append(k)
             values.append(v)
-        return self.proj_out(h), KVCache(tuple(keys), tuple(values))
+        return self.proj_out(self.norm_out(h)), KVCache(tuple(keys), tuple(values))
 
     def hidden_states(self, x: Tensor, context: Tensor | None = None, *, layers: Sequence[int]) -> list[Tensor]:
         """The hidden states ``(N, S, width)`` after each transformer block in ``layers`` (0-based), one pass.
