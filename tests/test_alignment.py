@@ -59,7 +59,8 @@ def _alignment_gradients(route: str) -> tuple[list[set[str]], list[set[str]], se
 def test_each_alignment_route_reaches_exactly_the_documented_parameters(route: str) -> None:
     reached, everything, projector = _alignment_gradients(route)
     b, layer = ALIGNED
-    upto = {n for n in everything[b] if not n.startswith("net.blocks.") and not n.startswith(("net.proj_out", "net.norm_out"))}
+    after = ("net.blocks.", "net.proj_out", "net.norm_out")  # the blocks and what follows them
+    upto = {n for n in everything[b] if not n.startswith(after)}
     upto |= {n for n in everything[b] if any(n.startswith(f"net.blocks.{i}.") for i in range(layer + 1))}
     expected = {
         "reverse": [set()] * b + [everything[i] for i in range(b, BLOCKS)],  # the aligned block and those nearer z
