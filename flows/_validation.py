@@ -329,6 +329,10 @@ def check_samples(
     return x
 
 
+SEED_MAX = 2**63 - 1
+"""The largest seed ``torch.manual_seed`` takes (a signed 64-bit integer)."""
+
+
 def check_count(
     who: str, name: str, value: object, *, minimum: int | None = 1, maximum: int | None = None, why: str = ""
 ) -> int:

@@ -7,9 +7,11 @@ import json
 import math
 from collections.abc import Callable
 
+from flows._validation import SEED_MAX
+
 __all__: list[str] = []
 
-_MAX_SEED = 2**63 - 1
+_MAX_SEED = SEED_MAX
 _MAX_LAYERS = 1000
 _MAX_WIDTH = 1 << 16
 _MAX_DRAWS = 10_000

@@ -44,7 +44,7 @@ from collections.abc import Iterable
 import torch
 from torch import Tensor, nn
 
-from flows._validation import check_count
+from flows._validation import SEED_MAX, check_count
 from flows.flow import Flow
 from flows.metrics.importance import kish_ess, log_z_estimate, sample_log_weights
 from flows.targets.base import EnergyTarget, as_target
@@ -232,6 +232,7 @@ class ReverseKL(Objective):
             raise ValueError(
                 f"ReverseKL: expected batch_size >= 1 and eval_samples >= 2, got {batch_size!r}, {eval_samples!r}"
             )
+        check_count("ReverseKL", "eval_seed", eval_seed, minimum=None, maximum=SEED_MAX)
         self.target, self.batch_size, self.eval_samples, self.eval_seed = target, batch_size, eval_samples, eval_seed
         self.temperature = _check_temperature(temperature, "ReverseKL")
 
@@ -403,6 +404,7 @@ class ImportanceForwardKL(Objective):
             raise ValueError(f"ImportanceForwardKL: expected move_fraction in [0, 1), got {move_fraction!r}")
         check_count("ImportanceForwardKL", "batch_size", batch_size, minimum=2)
         check_count("ImportanceForwardKL", "eval_samples", eval_samples, minimum=2)
+        check_count("ImportanceForwardKL", "eval_seed", eval_seed, minimum=None, maximum=SEED_MAX)
         self.move_fraction = float(move_fraction) if self.moves else 0.0
         self.batch_size, self.eval_samples, self.eval_seed = batch_size, eval_samples, eval_seed
         self.temperature = _check_temperature(temperature, "ImportanceForwardKL")

@@ -54,7 +54,7 @@ from collections.abc import Iterable, Sequence
 import torch
 from torch import Tensor, nn
 
-from flows._validation import check_objective_batch
+from flows._validation import SEED_MAX, check_count, check_objective_batch
 from flows.bijections.base import inside, is_real
 from flows.data.dequantization import uniform_dequantize
 from flows.metrics.density import bits_per_dim
@@ -195,7 +195,7 @@ class MaximumLikelihood(Objective):
                 f"MaximumLikelihood: expected noise_std to be a finite number >= 0 or None, got {noise_std!r}"
             )
         self.levels = levels
-        self.eval_seed = eval_seed
+        self.eval_seed = check_count("MaximumLikelihood", "eval_seed", eval_seed, minimum=None, maximum=SEED_MAX)
         self.noise_std = noise_std
 
     def _noise(self, model: nn.Module) -> float:

@@ -11,7 +11,8 @@ Two families, both discovered rather than listed:
   ``construct`` attack until one is added (or it is listed in :data:`NO_DATA` with the reason).
 * ``options``: every numeric argument (found by :func:`inspect.signature`: a default that is a
   number, or an ``int``/``float`` annotation) of :class:`~flows.CNF`, the spline and affine
-  transformers and the CNF and spline builders gets ``inf``, ``NaN``, ``0``, ``-1``, a string
+  transformers, every registered builder and the data-free energy objectives (``ReverseKL``,
+  ``ImportanceForwardKL``) gets ``inf``, ``NaN``, ``0``, ``-1``, a string
   and ``1e300``. Each must be a clear error or build a model whose outputs are finite.
 """
 
@@ -257,6 +258,31 @@ def _builder_target(name: str):
     return cls, build, run
 
 
+def _energy_objective_target(name: str):
+    """A data-free energy objective (:data:`NO_DATA`) on a 2-D Gaussian: one step and one validation."""
+    from flows import Affine, Flow, StandardNormal, train
+    from flows.targets import Gaussian
+
+    cls = getattr(train, name)
+
+    def build(**options):
+        return cls(Gaussian(2), **{"batch_size": 16, "eval_samples": 16, **options})
+
+    def run(objective) -> str | None:
+        flow = Flow(Affine(2), StandardNormal(2))
+        loss, _ = objective(flow, None)
+        measures = objective.evaluate(flow, [None])
+        if not (bool(torch.isfinite(loss)) and math.isfinite(measures["loss"])):
+            return "a non-finite loss on a Gaussian"
+        return None
+
+    return cls, build, run
+
+
+ENERGY_OBJECTIVES = ("ImportanceForwardKL", "ReverseKL")
+"""The data-free objectives whose numeric options the option family attacks."""
+
+
 def option_targets() -> dict[str, Callable]:
     """The option family's targets: the CNF, the spline and affine transformers, and every builder on a table."""
     from flows.architectures.registry import builders
@@ -268,6 +294,8 @@ def option_targets() -> dict[str, Callable]:
     }
     for name in builders():  # every registered builder
         targets[name] = _dependent_target if name == "DependentFlow" else functools.partial(_builder_target, name)
+    for name in ENERGY_OBJECTIVES:
+        targets[name] = functools.partial(_energy_objective_target, name)
     return targets
 
 
