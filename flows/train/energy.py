@@ -410,8 +410,8 @@ class ImportanceForwardKL(Objective):
         self.temperature = _check_temperature(temperature, "ImportanceForwardKL")
 
     @torch.no_grad()
-    def _propose(self, model: Flow) -> tuple[Tensor, Tensor, Tensor]:
-        """Samples of r, their log r (the log q at every sample too) and a mask of the moved ones."""
+    def _draw(self, model: Flow) -> tuple[Tensor, Tensor]:
+        """``batch_size`` samples of r and a mask of the moved ones."""
         n_moved = (
             [round(self.move_fraction * self.batch_size / len(self.moves))] * len(self.moves) if self.moves else []
         )
@@ -420,24 +420,35 @@ class ImportanceForwardKL(Objective):
         for move, count in zip(self.moves, n_moved, strict=True):
             parts.append(move.forward_and_log_det(x[start : start + count])[0])
             start += count
-        x = torch.cat(parts)
-        moved = torch.zeros(len(x), dtype=torch.bool, device=x.device)
+        moved = torch.zeros(self.batch_size, dtype=torch.bool, device=x.device)
         moved[len(parts[0]) :] = True
-        terms = [math.log1p(-self.move_fraction) + model.log_prob(x)]
+        return torch.cat(parts), moved
+
+    @torch.no_grad()
+    def _log_proposal(self, model: Flow, x: Tensor, log_q: Tensor) -> Tensor:
+        """The log-density :math:`\log r` at ``x``, given the model's ``log_q`` there (one more pass per move, at its pre-images)."""
+        terms = [math.log1p(-self.move_fraction) + log_q.detach()]
         for move in self.moves:
             back, ladj = move.inverse_and_log_det(x)
             terms.append(math.log(self.move_fraction / len(self.moves)) + model.log_prob(back) + ladj)
-        return x, torch.logsumexp(torch.stack(terms), 0), moved
+        return torch.logsumexp(torch.stack(terms), 0)
+
+    def _propose(self, model: Flow) -> tuple[Tensor, Tensor, Tensor]:
+        """Samples of r, their log r and a mask of the moved ones."""
+        x, moved = self._draw(model)
+        with torch.no_grad():
+            return x, self._log_proposal(model, x, model.log_prob(x)), moved
 
     def __call__(self, model: nn.Module, batch: object = None) -> tuple[Tensor, dict[str, Tensor]]:
-        x, log_r, moved = self._propose(model)
-        log_w = -self.target.energy(x).detach() / self.temperature - log_r
+        x, moved = self._draw(model)
+        log_q = model.log_prob(x)  # one pass serves the loss and the proposal's density
+        log_w = -self.target.energy(x).detach() / self.temperature - self._log_proposal(model, x, log_q)
         log_w = torch.where(torch.isnan(log_w), -math.inf, log_w)
         if not bool(torch.isfinite(log_w).any()):
             raise ValueError("ImportanceForwardKL: every proposal sample has weight 0 (infinite or NaN energy)")
         weights = torch.softmax(log_w, 0)
         keep = weights > 0  # zero-weight rows (energy +inf) may have -inf log q: keep them out of 0 * inf
-        loss = -(weights[keep] * model.log_prob(x[keep])).sum()
+        loss = -(weights[keep] * log_q[keep]).sum()
         return loss, {"ess": kish_ess(log_w), "moved_weight": weights[moved].sum()}
 
     @torch.no_grad()
