@@ -426,7 +426,7 @@ class ImportanceForwardKL(Objective):
 
     @torch.no_grad()
     def _log_proposal(self, model: Flow, x: Tensor, log_q: Tensor) -> Tensor:
-        """The log-density :math:`\log r` at ``x``, given the model's ``log_q`` there (one more pass per move, at its pre-images)."""
+        """The proposal's log-density at ``x``, given the model's ``log_q`` there (a pass per move)."""
         terms = [math.log1p(-self.move_fraction) + log_q.detach()]
         for move in self.moves:
             back, ladj = move.inverse_and_log_det(x)
