@@ -59,6 +59,17 @@ def inside(constraint: constraints.Constraint, x: Tensor, event_ndim: int) -> Te
 _Fused = Callable[..., tuple[Tensor, Tensor]]
 
 
+def _first_parameter(module: nn.Module) -> Tensor | None:
+    """``next(module.parameters(), None)`` (the same pre-order) without building the generators: it runs every call."""
+    for p in module._parameters.values():
+        if p is not None:
+            return p
+    for child in module._modules.values():
+        if child is not None and (p := _first_parameter(child)) is not None:
+            return p
+    return None
+
+
 def _validated(method: _Fused, inverse: bool) -> _Fused:
     """``method`` (a fused ``*_and_log_det``) preceded by :meth:`Bijection.check_call`."""
 
@@ -162,7 +173,7 @@ class Bijection(nn.Module):
         check_event(x, event, who, what)
         if not x.is_floating_point():
             raise TypeError(f"{who}: expected a real floating-point {what}, got dtype {x.dtype}")
-        reference = next(self.parameters(), None)
+        reference = _first_parameter(self)
         if reference is not None and reference.dtype != x.dtype and not torch.is_autocast_enabled(x.device.type):
             raise TypeError(
                 f"{who}: expected {what} of dtype {reference.dtype} (the module's), got {x.dtype}; "

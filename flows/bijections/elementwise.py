@@ -271,9 +271,12 @@ class SoftClip(Bijection):
 
     def forward_and_log_det(self, x: Tensor, context: Tensor | None = None) -> tuple[Tensor, Tensor]:
         c, s = self.bound - self.knee, self.slope
-        over = (x.abs() - self.knee).clamp_min(0)
-        z = torch.sign(x) * (x.abs() - over + (1 - s) * c * over / (c + over) + s * over)
-        return z, sum_event_dims(self._log_slope(over), len(self.event_shape), self.batch_shape(x))
+        # the same map in few operations: with v = x - clamp(x, -k, k) (the signed overshoot, |v| = o)
+        # and t = c / (c + o), z = x - (1 - s) v o / (c + o) = x - (1 - s) v (1 - t)
+        v = x - x.clamp(-self.knee, self.knee) if self.knee else x
+        t = c / (v.abs() + c)
+        z = x - v * ((1 - t) * (1 - s))
+        return z, sum_event_dims(torch.log(t * t * (1 - s) + s), len(self.event_shape), self.batch_shape(x))
 
     def inverse_and_log_det(self, z: Tensor, context: Tensor | None = None) -> tuple[Tensor, Tensor]:
         c, s = self.bound - self.knee, self.slope

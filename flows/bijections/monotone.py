@@ -321,26 +321,41 @@ class SOSPolynomialTransformer(MonotoneTransformer):
         order = torch.arange(degree + 1)
         antidiagonal = F.one_hot((order[:, None] + order[None, :]).flatten(), 2 * degree + 1).to(torch.float64)
         self.register_buffer("_antidiagonal", antidiagonal, persistent=False)
+        # the integral's coefficients scale / (n + 1), n = 0 .. 2r, with the bound's scale folded in
+        scale = 1.0 if bound is None else bound
         self.register_buffer(
-            "_inverse_orders", 1 / torch.arange(1.0, 2 * degree + 2, dtype=torch.float64), persistent=False
+            "_integral_weights", scale / torch.arange(1.0, 2 * degree + 2, dtype=torch.float64), persistent=False
         )
+        offset = torch.zeros(squares, degree + 1, dtype=torch.float64)
+        offset[:, 0] = math.sqrt((1 - self.floor) / squares)  # zero raw parameters: the identity
+        self.register_buffer("_offset", offset, persistent=False)
+        self.register_buffer("_first", torch.arange(2 * degree + 1) == 0, persistent=False)
+        self._constants: dict[tuple, Tensor] = {}
+
+    def _constant(self, name: str, like: Tensor) -> Tensor:
+        """The float64 buffer ``name`` in ``like``'s dtype and device, converted once (not at every call)."""
+        buffer = getattr(self, name)
+        if buffer.dtype == like.dtype and buffer.device == like.device:
+            return buffer
+        key = (name, like.dtype, like.device, buffer.data_ptr())
+        if key not in self._constants:
+            self._constants = {k: v for k, v in self._constants.items() if k[0] != name} | {key: buffer.to(like)}
+        return self._constants[key]
 
     def forward_and_log_det(self, x: Tensor, params: Tensor) -> tuple[Tensor, Tensor]:
         self._check_params(params)
         r = self.degree
-        c = params[..., 0]
-        a = params[..., 1:].unflatten(-1, (self.squares, r + 1))
-        a = a + F.pad(a.new_full((1,), math.sqrt((1 - self.floor) / self.squares)), (0, r))
+        c, a = params.split((1, self.params_per_dim - 1), -1)  # one split: cheaper to differentiate than slices
+        a = a.unflatten(-1, (self.squares, r + 1)) + self._constant("_offset", x)
         inside = x if self.bound is None else x.clamp(-self.bound, self.bound)
-        scale = 1.0 if self.bound is None else self.bound
-        u = inside / scale
+        u = inside if self.bound is None else inside * (1 / self.bound)
         # sum_k p_k(u)^2 = sum_n b_n u^n and its integral sum_n b_n u^(n+1) / (n+1), from the 2r + 1
-        # coefficients b (a batched Gram matrix and its anti-diagonal sums) and the powers u^0 .. u^(2r+1)
-        b = torch.einsum("...kl,...km->...lm", a, a).flatten(-2) @ self._antidiagonal.to(x)
-        powers = u.unsqueeze(-1).expand(*u.shape, 2 * r + 1).cumprod(-1)  # u^1 .. u^(2r+1)
-        squares = b[..., 0] + (b[..., 1:] * powers[..., :-1]).sum(-1)
-        integral = (b * self._inverse_orders.to(x) * powers).sum(-1)
-        z = c + self.floor * x + scale * integral
+        # coefficients b (a batched Gram matrix and its anti-diagonal sums) and the powers u^0 .. u^(2r)
+        b = (a.mT @ a).flatten(-2) @ self._constant("_antidiagonal", x)
+        first = self._first  # (True, False, ...): the cumprod of (1, u, u, ...) is (1, u, u^2, ...)
+        terms = b * torch.where(first, 1.0, u.unsqueeze(-1).expand(*u.shape, 2 * r + 1)).cumprod(-1)
+        squares = terms.sum(-1)
+        z = c.squeeze(-1) + self.floor * x + u * (terms * self._constant("_integral_weights", x)).sum(-1)
         if self.bound is not None:
             z = z + (x - inside) * squares  # the straight tails, with the end slopes
         return z, torch.log(self.floor + squares)

@@ -203,6 +203,7 @@ class MADE(nn.Module):
             h = torch.relu_(h) if inplace else self.activation(h)
             return F.dropout(h, self.dropout, self.training) if self.dropout else h
 
+        layers = list(layers)  # a list: slicing an nn.ModuleList builds a new module at every call
         h = F.linear(x, layers[0].weight * masks[0], layers[0].bias)
         for layer, mask in zip(layers[1:-1], masks[1:-1], strict=True):
             if self.residual:
