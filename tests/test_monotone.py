@@ -194,6 +194,25 @@ def test_sospf_puts_soft_clips_onto_the_real_line_between_its_layers() -> None:
     assert all(isinstance(m, flows.MaskedAutoregressive) for m in plain)
 
 
+def test_sospf_knee_leaves_the_bulk_to_the_polynomials_and_squeezes_beyond() -> None:
+    import flows
+
+    torch.manual_seed(0)
+    flow = flows.SOSPF(2, transforms=2, hidden=(8,), knee=3.0).double()
+    clip = flow.transform.transforms[1]
+    assert (clip.bound, clip.knee) == (pytest.approx(11.0), 3.0)
+    x = torch.tensor([[-2.9, 0.5], [1.0, 2.99], [30.0, -200.0]], dtype=torch.float64)
+    z, ladj = clip.forward_and_log_det(x)
+    torch.testing.assert_close(z[:2], x[:2])  # the identity on [-3, 3]
+    torch.testing.assert_close(ladj[:2], torch.zeros(2, dtype=torch.float64))
+    assert bool((z[2].abs() < x[2].abs() / 2).all())  # squeezed beyond the knee
+    y = flow.sample((5,))
+    torch.testing.assert_close(flow.transform.inverse(flow.transform(y)), y)
+    for bad, match in (({"knee": 11.0}, "knee in"), ({"knee": -1.0}, "knee"), ({"knee": 1.0, "bound": None}, "knee")):
+        with pytest.raises(ValueError, match=f"SOSPF: .*{match}"):
+            flows.SOSPF(2, **bad)
+
+
 def test_a_soft_clip_with_a_slope_squeezes_far_values_and_inverts_everywhere() -> None:
     import flows
 
