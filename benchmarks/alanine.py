@@ -85,6 +85,7 @@ from torch import Tensor, nn
 import flows
 from flows.bijections.internal_coordinates import dihedral
 from flows.data.files import data_file
+from flows.distributions.mixture import Mixture
 from flows.metrics import histogram_kl, kish_ess, state_free_energy
 from flows.metrics.importance import free_energy_profile
 from flows.particles import EquivariantCNF, kabsch, remove_mean
@@ -150,6 +151,13 @@ def parse(argv: list[str] | None) -> argparse.Namespace:
     p.add_argument("--importance-batch", type=int, default=1024, help="proposal samples per ImportanceForwardKL step")
     p.add_argument("--move-fraction", type=float, default=0.5, help="fraction of the proposal samples reflected")
     p.add_argument("--anneal-from", type=float, default=None, help="start temperature of the reverse term")
+    p.add_argument(
+        "--basin-b-seconds",
+        type=float,
+        default=0.0,
+        help="stratify: train a second flow for basin B this long (ML on the reflected frames, then reverse KL)",
+    )
+    p.add_argument("--basin-b-weight", type=float, default=0.1, help="the B flow's share of the mixture proposal")
     p.add_argument(
         "--linear-torsions", type=float, default=2.0, help="cut open torsions within this of their mean (0: off)"
     )
@@ -540,7 +548,74 @@ def run_ncsf(
         results.append(stage(draw_ncsf(flow, ic, target, test_x, args), target, ref, args, "finetuned", out, flow))
         results[-1].update(steps=tuner.step, train_seconds=time.perf_counter() - t0)
         report(results[-1])
+    if args.basin_b_seconds > 0:
+        results += stratify(flow, ic, target, data, val, test_x, ref, args, out)
     return results
+
+
+def basin_b_flow(
+    ic: nn.Module, target: AlanineDipeptide, data: Tensor, val: Tensor, args: argparse.Namespace
+) -> tuple[nn.Module, dict]:
+    """A flow for basin B alone: maximum likelihood on the reflected frames, then annealed reverse KL.
+
+    The 300 K frames never leave basin A; :meth:`AlanineDipeptide.backbone_reflection` carries them
+    onto B's backbone minima with the rest of the molecule unchanged (about 38 kT too high), and
+    the reverse KL on the energy relaxes the rest (mode seeking: the 13-15 kT barrier keeps it in B).
+    ML takes up to a fifth of ``--basin-b-seconds`` (early stopping as for the A flow).
+    """
+    move = target.backbone_reflection(ic)
+    with torch.no_grad():
+        data_b, val_b = move(data.double()).float(), move(val.double()).float()
+    flow = flows.NCSF(
+        data.shape[-1], transforms=args.transforms, hidden=tuple(args.hidden), bins=args.bins,
+        circular=ic.circular, lower=ic.lower, upper=ic.upper,
+    )  # fmt: skip
+    t0 = time.perf_counter()
+    trainer = Trainer(flow, MaximumLikelihood(), lr=args.lr, clip_grad_norm=10.0, progress=False)
+    trainer.callbacks.append(EarlyStopping(patience=args.patience or 5))
+    ml_budget = args.basin_b_seconds / 5
+    trainer.fit(data_b, val_b, batch_size=args.batch, time_budget=ml_budget, max_steps=args.max_steps, epochs=10_000)
+    ml_steps, ml_seconds = trainer.step, time.perf_counter() - t0
+    reverse = ReverseKL(TransformedTarget(target, ic), batch_size=args.ft_batch)
+    seconds = args.basin_b_seconds - ml_seconds
+    callbacks = [] if args.anneal_from is None else [
+        AnnealTemperature(reverse, seconds=seconds, start=args.anneal_from, end=1.0)
+    ]  # fmt: skip
+    if args.anneal_from is not None:
+        reverse.temperature = args.anneal_from
+    tuner = Trainer(flow, reverse, lr=args.ft_lr, clip_grad_norm=10.0, callbacks=callbacks, progress=False)
+    if args.cosine:
+        tuner.callbacks.append(CosineDecay(tuner.optimizer, seconds=seconds))
+    tuner.fit(data_b, batch_size=args.batch, time_budget=seconds, max_steps=args.max_steps, epochs=10_000)
+    figures = {"b_ml_steps": ml_steps, "b_ml_seconds": ml_seconds, "b_ft_steps": tuner.step}
+    figures["b_train_seconds"] = time.perf_counter() - t0
+    return flow, figures
+
+
+def stratify(
+    flow_a: nn.Module,
+    ic: nn.Module,
+    target: AlanineDipeptide,
+    data: Tensor,
+    val: Tensor,
+    test_x: Tensor,
+    ref: dict,
+    args: argparse.Namespace,
+    out: Path | None,
+) -> list[dict]:
+    """Train the basin-B flow and evaluate the mixture ``(1 - π) q_A + π q_B`` (exact density) as the proposal."""
+    flow_b, figures = basin_b_flow(ic, target, data, val, args)
+    draws_b = draw_ncsf(flow_b, ic, target, test_x, args)
+    phi = target.phi_psi(draws_b.x)[:, 0]
+    in_b = (phi > B_LOW) & (phi < B_HIGH)
+    figures["b_flow_in_b"] = float(in_b.double().mean())
+    figures["b_flow_ess_in_b"] = float(kish_ess(draws_b.log_w[in_b])) if bool(in_b.any()) else 0.0
+    print(f"basin-B flow: {figures}")
+    mixture = Mixture([flow_a, flow_b], weights=[1 - args.basin_b_weight, args.basin_b_weight])
+    result = stage(draw_ncsf(mixture, ic, target, test_x, args), target, ref, args, "stratified", out, mixture)
+    result.update(figures, basin_b_weight=args.basin_b_weight)
+    report(result)
+    return [result]
 
 
 def main(argv: list[str] | None = None) -> list[dict[str, float]]:

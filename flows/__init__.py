@@ -39,7 +39,7 @@ from flows.architectures.residual import ResidualFlow
 from flows.bijections import *  # noqa: F403  (every layer: the one list is flows.bijections.__all__)
 from flows.bijections import __all__ as _bijections_all
 from flows.bijections.auxiliary import AuxiliaryLosses, add_auxiliary_loss
-from flows.distributions import DiagNormal, Distribution, StandardNormal, TorchDistribution
+from flows.distributions import DiagNormal, Distribution, Mixture, StandardNormal, TorchDistribution
 from flows.flow import Flow, FlowDistribution, evaluating, monte_carlo_kl
 from flows.metrics.denoising import tweedie_denoise
 from flows.model_file import load_model, save_model
@@ -70,6 +70,7 @@ __all__ = [
     "ConvNet",
     "DependentFlow",
     "DiagNormal",
+    "Mixture",
     "Distribution",
     "Flow",
     "FlowDistribution",

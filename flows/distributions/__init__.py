@@ -10,14 +10,16 @@ Every distribution has an ``event_shape`` and the methods ``log_prob(x, context=
 :class:`TorchDistribution` makes any :class:`torch.distributions.Distribution` (a Student-t, a
 Laplace, a full-covariance Gaussian, ...) such a module, so it can be a flow's base.
 
-One concept a file: the contract (``base.py``), the Gaussians (``normal.py``) and the torch
-wrapper (``torch_distribution.py``). The particle systems' mean-free Gaussian lives with them in
+One concept a file: the contract (``base.py``), the Gaussians (``normal.py``), the torch
+wrapper (``torch_distribution.py``) and :class:`Mixture` of flows, an exact-density mixture
+for stratified importance sampling (``mixture.py``). The particle systems' mean-free Gaussian lives with them in
 :mod:`flows.particles.mean_free`; the matrix normal over a batch of dependent rows in
 :mod:`flows.architectures.dependent`.
 """
 
 from flows.distributions.base import Distribution
+from flows.distributions.mixture import Mixture
 from flows.distributions.normal import DiagNormal, StandardNormal
 from flows.distributions.torch_distribution import TorchDistribution
 
-__all__ = ["DiagNormal", "Distribution", "StandardNormal", "TorchDistribution"]
+__all__ = ["DiagNormal", "Distribution", "Mixture", "StandardNormal", "TorchDistribution"]
