@@ -180,6 +180,13 @@ def parse(argv: list[str] | None) -> argparse.Namespace:
         p.error("--patience stops maximum likelihood on its validation NLL: not available with --model ecnf")
     if args.model == "ecnf" and args.ecnf_layers < 2:
         p.error(f"--ecnf-layers: expected at least 2 (atom identities enter after layer 1), got {args.ecnf_layers}")
+    if args.basin_b_seconds < 0 or not 0 < args.basin_b_weight < 1:
+        p.error(
+            f"expected --basin-b-seconds >= 0 and 0 < --basin-b-weight < 1, got {args.basin_b_seconds:g} and "
+            f"{args.basin_b_weight:g}"
+        )
+    if args.model == "ecnf" and args.basin_b_seconds > 0:
+        p.error("--basin-b-seconds trains a second NCSF: not available with --model ecnf")
     if args.ft_seconds is None:
         args.ft_seconds = 300.0 if args.model == "ncsf" else 0.0
     return args
@@ -275,6 +282,8 @@ def evaluate(
     diff = (f_model - ref["F"])[ref["F"] < 8.0]
     se = math.sqrt(rew.stderr**2 + ref["delta_f_se"] ** 2)
     ess = float(kish_ess(log_w))
+    n_b = int(in_b.sum())  # the samples that carry B's estimate, and their Kish effective number
+    n_eff_b = float(kish_ess(log_w[in_b])) * n_b if n_b and bool(torch.isfinite(log_w[in_b]).any()) else 0.0
     result = {
         "stage": label,
         "n": args.samples,
@@ -285,6 +294,8 @@ def evaluate(
         "p_b_raw": raw.p_b,
         "p_b_reweighted": rew.p_b,
         "ess_abs_times_p_b": ess * args.samples * rew.p_b,
+        "samples_in_b": n_b,
+        "effective_samples_in_b": n_eff_b,
         "delta_f": rew.delta_f,
         "delta_f_se": rew.stderr,
         "delta_f_bootstrap_se": rew.bootstrap_stderr,

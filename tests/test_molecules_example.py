@@ -44,6 +44,21 @@ def test_alanine_benchmark_smoke(tmp_path: Path) -> None:
     assert (tmp_path / "ramachandran_1000K_finetuned.png").stat().st_size > 1000
 
 
+def test_alanine_benchmark_stratified_smoke(tmp_path: Path) -> None:
+    """--basin-b-seconds: a second flow for basin B (reflected frames, then reverse KL), the mixture evaluated."""
+    _needs_openmm_and_data("aldp_vacuum_300K_umbrella.npz")
+    main = run_script(str(ROOT / "benchmarks" / "alanine.py"))["main"]
+    argv = ["--temperature", "300", "--max-steps", "2", "--transforms", "2", "--hidden", "8", "--samples", "300"]
+    argv += ["--train-frames", "300", "--ft-batch", "16", "--linear-torsions", "0", "--basin-b-seconds", "2"]
+    *_, mixed = main([*argv, "--basin-b-weight", "0.25", "--out", str(tmp_path)])
+    assert mixed["stage"] == "stratified" and mixed["basin_b_weight"] == 0.25 and mixed["b_ft_steps"] == 2
+    assert 0 < mixed["ess"] <= 1 and math.isfinite(mixed["test_nll"]) and 0 <= mixed["b_flow_in_b"] <= 1
+    assert 0 <= mixed["effective_samples_in_b"] <= mixed["samples_in_b"] <= 300
+    assert (tmp_path / "ramachandran_300K_stratified.png").stat().st_size > 1000
+    with pytest.raises(SystemExit):
+        main([*argv, "--basin-b-weight", "1.0"])
+
+
 def _alanine_benchmark():
     _needs_openmm_and_data()
     return run_script(str(ROOT / "benchmarks" / "alanine.py"))
