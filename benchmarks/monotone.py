@@ -22,7 +22,8 @@ goes next; a turn is ``--turn`` seconds of steps), so that load from other proce
 alike. Each contender's candidate is **chosen on the validation split**; only the chosen one is
 evaluated on the test split (once). Reported: test NLL (nats, ± its standard error over the test
 rows), the chosen candidate, steps, median step time, median time to draw ``--samples`` samples
-(``--repeats``), and the step time relative to the zuko contender of the same family.
+(``--repeats``), and the step time relative to the zuko contender of the same family (of the
+chosen sizes, which may differ, and at each size).
 
     python benchmarks/monotone.py --budget 15 --data moons
     python benchmarks/monotone.py --budget 20 --data digits --samples 20 --repeats 1
@@ -206,7 +207,7 @@ def _benchmark(data: str, args: argparse.Namespace) -> dict[str, dict[str, float
         best = min(mine, key=lambda r: scores[r.candidate])
         results[contender] = best.evaluate(test) | {"val": scores}
     print(f"{data}, {args.budget:g} s of training per run, 1 thread, batch {args.batch}, seed {args.seed}")
-    head = f"{'contender':<12} {'test NLL':>18} {'chosen':>7} {'steps':>6} {'step ms':>8} {'vs zuko':>8}"
+    head = f"{'contender':<16} {'test NLL':>18} {'chosen':>7} {'steps':>6} {'step ms':>8} {'vs zuko':>8}"
     print(f"{head} {'sample ms':>10}  validation NLL per candidate")
     for name, r in results.items():
         peer = results.get(f"zuko-{name.split('-')[1]}")  # flows-sospf-knee is measured against zuko-sospf
@@ -214,9 +215,24 @@ def _benchmark(data: str, args: argparse.Namespace) -> dict[str, dict[str, float
         r["step_vs_zuko"] = r["step_ms"] / peer["step_ms"] if ratio else float("nan")
         nll = f"{r['nll']:.3f} ± {r['se']:.3f}"
         val_text = ", ".join(f"{k} {v:.3f}" for k, v in r["val"].items())
-        line = f"{name:<12} {nll:>18} {r['candidate']:>7} {r['steps']:>6} {r['step_ms']:>8.2f} {ratio:>8}"
+        line = f"{name:<16} {nll:>18} {r['candidate']:>7} {r['steps']:>6} {r['step_ms']:>8.2f} {ratio:>8}"
         print(f"{line} {r['sample_ms']:>10.1f}  {val_text}  {r['failure']}".rstrip())
+    _same_size_ratios(runs, results)
     return results
+
+
+def _same_size_ratios(runs: list[_Run], results: dict[str, dict]) -> None:
+    """Median step time of each of ours against zuko's of the same family at the same size (printed, and stored)."""
+    median = {(r.name, r.candidate): statistics.median(r.step_times) for r in runs}
+    for name, r in results.items():
+        peer = f"zuko-{name.split('-')[1]}"
+        if name.startswith("zuko") or peer not in results:
+            continue
+        by_size = {size: median[(name, size)] / median[(peer, size)] for (n, size) in median if n == name}
+        r["step_vs_zuko_by_size"] = by_size
+        print(
+            f"{name}: step time vs {peer} at the same size: " + ", ".join(f"{k} {v:.2f}x" for k, v in by_size.items())
+        )
 
 
 def main(argv: list[str] | None = None) -> dict[str, dict[str, dict[str, float]]]:

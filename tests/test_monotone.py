@@ -75,7 +75,7 @@ def test_umnn_log_derivative_converges_to_the_derivative_of_the_quadrature() -> 
         tau.load_state_dict(base.state_dict())  # the same integrand network
         z, ladj = tau.forward_and_log_det(x, params)
         (dz,) = torch.autograd.grad(z.sum(), x)
-        errors.append(float((dz.log() - ladj).abs().max()))
+        errors.append(float((dz.log() - ladj).abs().max().detach()))
     assert errors == sorted(errors, reverse=True), errors
     assert errors[-1] <= 1e-10, errors
 
@@ -183,13 +183,21 @@ def test_the_bounded_sos_polynomial_is_the_scaled_plain_one_inside_and_straight_
         SOSPolynomialTransformer(3, 2, bound=0.0)
 
 
-def test_sospf_puts_soft_clips_onto_the_real_line_between_its_layers() -> None:
+def test_sospf_puts_soft_clips_onto_the_real_line_after_each_layer() -> None:
     import flows
 
-    layers = flows.SOSPF(3, transforms=3, hidden=(8,), bound=4.0).transform.transforms
+    flow = flows.SOSPF(3, transforms=3, hidden=(8,), bound=4.0)
+    layers = flow.transform.transforms
     kinds = [type(m).__name__ for m in layers]
-    assert kinds == ["MaskedAutoregressive", "SoftClip", "MaskedAutoregressive", "SoftClip", "MaskedAutoregressive"]
-    assert (layers[1].bound, layers[1].slope) == (pytest.approx(4.4), 0.01)
+    assert kinds == ["MaskedAutoregressive", "SoftClip"] * 3  # the last layer's output is clipped too
+    assert all((m.bound, m.slope) == (pytest.approx(4.4), 0.001) for m in layers[1::2])
+    # a last layer that extrapolates far out (here: a large shift) reaches the base density squeezed
+    torch.nn.init.constant_(layers[-2].conditioner.layers[-1].bias, 1e3)
+    x = torch.zeros(1, 3)
+    h = layers[-2](layers[-3](layers[-4](layers[-5](layers[-6](x)))))
+    z = flow.transform(x)
+    assert (h.abs() > 100).all()
+    assert (z.abs() < 4.4 + 0.001 * h.abs()).all()
     plain = flows.SOSPF(3, transforms=3, hidden=(8,), bound=None).transform.transforms
     assert all(isinstance(m, flows.MaskedAutoregressive) for m in plain)
 
