@@ -47,8 +47,10 @@ class Mixture(nn.Module):
     can be sampled more often than its mass (:math:`\pi_k > p_k`) and still be weighted correctly.
 
     References:
+        Hesterberg (1995), "Weighted average importance sampling and defensive mixture
+        distributions", Technometrics 37(2).
         Owen, Zhou (2000), "Safe and effective importance sampling", JASA 95(449) (mixture
-        proposals and their exact density, "deterministic mixture" weights).
+        proposals, weighted by the whole mixture's density).
 
     Args:
         components: ``K >= 1`` modules with ``log_prob(x)`` and ``sample_and_log_prob(shape)`` (flows) or
