@@ -90,7 +90,7 @@ from flows.metrics import histogram_kl, kish_ess, state_free_energy
 from flows.metrics.importance import free_energy_profile
 from flows.particles import EquivariantCNF, kabsch, remove_mean
 from flows.plot.molecules import plot_ramachandran
-from flows.targets import AlanineDipeptide, TransformedTarget
+from flows.targets import AlanineDipeptide, EnergyTarget, TransformedTarget
 from flows.targets.alanine import CHIRAL_ROW
 from flows.train import (
     CosineDecay,
@@ -159,6 +159,17 @@ def parse(argv: list[str] | None) -> argparse.Namespace:
     )
     p.add_argument("--basin-b-weight", type=float, default=0.1, help="the B flow's share of the mixture proposal")
     p.add_argument(
+        "--basin-b-restraint",
+        type=float,
+        default=0.0,
+        help="kT/rad^2 of a flat-bottomed restraint keeping phi in basin B while the B flow trains (0: none)",
+    )
+    p.add_argument(
+        "--load-a",
+        default=None,
+        help="skip training the A flow: load its state dict (flow_<T>K_finetuned.pt of a run with the same options)",
+    )
+    p.add_argument(
         "--linear-torsions", type=float, default=2.0, help="cut open torsions within this of their mean (0: off)"
     )
     p.add_argument("--ecnf-hidden", type=int, default=32, help="EGNN width (ecnf)")
@@ -185,6 +196,10 @@ def parse(argv: list[str] | None) -> argparse.Namespace:
             f"expected --basin-b-seconds >= 0 and 0 < --basin-b-weight < 1, got {args.basin_b_seconds:g} and "
             f"{args.basin_b_weight:g}"
         )
+    if args.basin_b_restraint < 0 or not math.isfinite(args.basin_b_restraint):
+        p.error(f"--basin-b-restraint: expected a finite number >= 0, got {args.basin_b_restraint:g}")
+    if args.load_a is not None and (args.model == "ecnf" or args.basin_b_seconds <= 0):
+        p.error("--load-a reuses an A flow for the stratified run: it needs --model ncsf and --basin-b-seconds > 0")
     if args.model == "ecnf" and args.basin_b_seconds > 0:
         p.error("--basin-b-seconds trains a second NCSF: not available with --model ecnf")
     if args.ft_seconds is None:
@@ -540,6 +555,11 @@ def run_ncsf(
     )  # fmt: skip
     n_circ = int(ic.circular.sum())
     print(f"ALDP vacuum {args.temperature:g} K: {len(train_x)} frames; {n_circ} of 60 coordinates on the circle")
+    if args.load_a is not None:  # the A flow of an earlier run with the same options: only B trains here
+        flow.load_state_dict(torch.load(args.load_a, weights_only=True))
+        results = [stage(draw_ncsf(flow, ic, target, test_x, args), target, ref, args, "finetuned", out, flow)]
+        report(results[-1])
+        return results + stratify(flow, ic, target, data, val, test_x, ref, args, out)
     t0 = time.perf_counter()
     trainer = Trainer(flow, MaximumLikelihood(), lr=args.lr, clip_grad_norm=10.0, progress=False)
     if args.cosine:
@@ -564,6 +584,28 @@ def run_ncsf(
     return results
 
 
+class RestrainedToB(EnergyTarget):
+    r"""ALDP's energy plus a flat-bottomed restraint on :math:`\phi` outside basin B: :math:`u + k\,d(\phi)^2`.
+
+    :math:`d` is the angular distance from :math:`\phi` to the arc ``[B_LOW, B_HIGH]`` (0 inside), so
+    the energy inside B is unchanged. Only the B flow's reverse KL sees it (the reverse KL on the
+    bare energy pulls the B flow into A, where the energy is lower); the mixture's importance
+    weights use the bare energy and the mixture's exact density, so they stay exact whatever the B
+    flow learnt.
+    """
+
+    def __init__(self, target: AlanineDipeptide, strength: float) -> None:
+        super().__init__(target.event_shape)
+        self.target, self.strength = target, strength
+
+    def energy(self, x: Tensor) -> Tensor:
+        phi = self.target.phi_psi(x)[..., 0]
+        width = B_HIGH - B_LOW
+        past = torch.remainder(phi - B_LOW, 2 * math.pi)  # in [0, 2 pi): inside B when <= width
+        distance = torch.where(past <= width, 0.0, torch.minimum(past - width, 2 * math.pi - past))
+        return self.target.energy(x) + self.strength * distance**2
+
+
 def basin_b_flow(
     ic: nn.Module, target: AlanineDipeptide, data: Tensor, val: Tensor, args: argparse.Namespace
 ) -> tuple[nn.Module, dict]:
@@ -571,8 +613,10 @@ def basin_b_flow(
 
     The 300 K frames never leave basin A; :meth:`AlanineDipeptide.backbone_reflection` carries them
     onto B's backbone minima with the rest of the molecule unchanged (about 38 kT too high), and
-    the reverse KL on the energy relaxes the rest (mode seeking: the 13-15 kT barrier keeps it in B).
-    ML takes up to a fifth of ``--basin-b-seconds`` (early stopping as for the A flow).
+    the reverse KL on the energy relaxes the rest. The 13-15 kT barrier does not always keep it in B
+    (its samples drift into A, where the energy is lower): ``--basin-b-restraint k`` adds
+    :class:`RestrainedToB` to the energy it trains on. ML takes up to a fifth of
+    ``--basin-b-seconds`` (early stopping as for the A flow).
     """
     move = target.backbone_reflection(ic)
     with torch.no_grad():
@@ -587,7 +631,8 @@ def basin_b_flow(
     ml_budget = args.basin_b_seconds / 5
     trainer.fit(data_b, val_b, batch_size=args.batch, time_budget=ml_budget, max_steps=args.max_steps, epochs=10_000)
     ml_steps, ml_seconds = trainer.step, time.perf_counter() - t0
-    reverse = ReverseKL(TransformedTarget(target, ic), batch_size=args.ft_batch)
+    energy = RestrainedToB(target, args.basin_b_restraint) if args.basin_b_restraint > 0 else target
+    reverse = ReverseKL(TransformedTarget(energy, ic), batch_size=args.ft_batch)
     seconds = args.basin_b_seconds - ml_seconds
     callbacks = [] if args.anneal_from is None else [
         AnnealTemperature(reverse, seconds=seconds, start=args.anneal_from, end=1.0)

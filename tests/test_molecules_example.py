@@ -7,6 +7,7 @@ import os
 from pathlib import Path
 
 import pytest
+import torch
 
 from tests.scripts import run_script
 
@@ -50,13 +51,37 @@ def test_alanine_benchmark_stratified_smoke(tmp_path: Path) -> None:
     main = run_script(str(ROOT / "benchmarks" / "alanine.py"))["main"]
     argv = ["--temperature", "300", "--max-steps", "2", "--transforms", "2", "--hidden", "8", "--samples", "300"]
     argv += ["--train-frames", "300", "--ft-batch", "16", "--linear-torsions", "0", "--basin-b-seconds", "2"]
-    *_, mixed = main([*argv, "--basin-b-weight", "0.25", "--out", str(tmp_path)])
+    _, tuned, mixed = main([*argv, "--basin-b-weight", "0.25", "--out", str(tmp_path)])
     assert mixed["stage"] == "stratified" and mixed["basin_b_weight"] == 0.25 and mixed["b_ft_steps"] == 2
     assert 0 < mixed["ess"] <= 1 and math.isfinite(mixed["test_nll"]) and 0 <= mixed["b_flow_in_b"] <= 1
     assert 0 <= mixed["effective_samples_in_b"] <= mixed["samples_in_b"] <= 300
     assert (tmp_path / "ramachandran_300K_stratified.png").stat().st_size > 1000
     with pytest.raises(SystemExit):
         main([*argv, "--basin-b-weight", "1.0"])
+    # --load-a: that run's A flow, not retrained (the same test NLL); the B flow trains under the restraint
+    loaded, again = main([*argv, "--load-a", str(tmp_path / "flow_300K_finetuned.pt"), "--basin-b-restraint", "50"])
+    assert [loaded["stage"], again["stage"]] == ["finetuned", "stratified"] and "steps" not in loaded
+    assert loaded["test_nll"] == pytest.approx(tuned["test_nll"], abs=1e-9) and again["b_ft_steps"] == 2
+    for bad in (["--basin-b-restraint", "-1"], ["--load-a", "x.pt", "--basin-b-seconds", "0"]):
+        with pytest.raises(SystemExit):
+            main([*argv, *bad])
+
+
+def test_alanine_restraint_is_flat_in_basin_b_and_harmonic_outside() -> None:
+    """RestrainedToB adds k d(phi)^2, d the angular distance from phi to B = [0, 2.2]: 0 inside."""
+    _needs_openmm_and_data()
+    module = run_script(str(ROOT / "benchmarks" / "alanine.py"))
+    target = module["AlanineDipeptide"](temperature=300.0)
+    x = target.reference_samples("test", dtype=torch.float64)[:50]
+    phi = target.phi_psi(x)[:, 0]
+    assert bool((phi < 0).all()) and bool((phi < -2.6).any())  # basin A, some frames nearer B's far edge
+    distance = torch.minimum(-phi, phi + 2 * math.pi - 2.2)  # up to 0, or down through -pi round to 2.2
+    restrained = module["RestrainedToB"](target, 7.0)
+    torch.testing.assert_close(restrained.energy(x) - target.energy(x), 7.0 * distance**2)
+    mirrored = -x  # the mirror image: every torsion changes sign; the frames with phi in (-2.2, 0) land in B
+    mirrored, phi = mirrored[phi > -2.2], phi[phi > -2.2]
+    assert len(phi) > 10
+    torch.testing.assert_close(restrained.energy(mirrored), target.energy(mirrored))
 
 
 def _alanine_benchmark():
