@@ -7,7 +7,7 @@ from collections.abc import Sequence
 import torch
 from torch import Tensor, nn
 
-from flows._validation import as_shape
+from flows._validation import as_sample_shape, as_shape
 
 __all__ = ["Distribution"]
 
@@ -47,9 +47,7 @@ class Distribution(nn.Module):
         return x, self.log_prob(x, context)
 
     def _sample_shape(self, sample_shape: Sequence[int] | int, context: Tensor | None) -> torch.Size:
-        if isinstance(sample_shape, int):
-            sample_shape = (sample_shape,)
-        shape = torch.Size(sample_shape)
+        shape = as_sample_shape(sample_shape)  # negative or non-integer sizes: a clear error
         if context is not None:
             shape = shape + context.shape[:-1]
         return shape + self.event_shape

@@ -8,7 +8,7 @@ from collections.abc import Callable, Sequence
 import torch
 from torch import Tensor, nn
 
-from flows._validation import check_count
+from flows._validation import as_sample_shape, check_count
 
 __all__ = ["Mixture"]
 
@@ -121,7 +121,7 @@ class Mixture(nn.Module):
         Returns:
             ``(x, log_r)``.
         """
-        shape = torch.Size((sample_shape,) if isinstance(sample_shape, int) else sample_shape)
+        shape = as_sample_shape(sample_shape)
         n = shape.numel()
         draw = torch.multinomial(self.weights.float(), n, replacement=True, generator=generator) if n else None
         counts = (

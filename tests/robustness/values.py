@@ -534,6 +534,89 @@ def _distribution_attacks() -> list[Attack]:
     return out
 
 
+def _own_distribution_recipes() -> dict[str, Callable[[], object]]:
+    import torch.distributions as td
+
+    from flows.distributions import DiagNormal, Mixture, StandardNormal, TorchDistribution
+
+    return {
+        "StandardNormal": lambda: StandardNormal(2),
+        "DiagNormal": lambda: DiagNormal(2),
+        "Mixture": lambda: Mixture([DiagNormal(2), StandardNormal(2)], [0.3, 0.7]),
+        "TorchDistribution": lambda: TorchDistribution(td.Independent(td.Normal(torch.zeros(2), torch.ones(2)), 1)),
+    }
+
+
+OWN_DISTRIBUTION_ATTACKS = (
+    "construct",
+    "nan-row",
+    "huge-row",
+    "empty",
+    "wrong-event",
+    "int",
+    "sample",
+    "sample-empty",
+    "sample-negative",
+)
+
+
+def _own_distribution_attack(name: str, kind: str) -> Result:
+    """``flows.distributions.<name>``: its ``log_prob`` and ``sample`` against bad rows, shapes and dtypes."""
+    recipe = _own_distribution_recipes().get(name)
+    if recipe is None:
+        raise AttackFailed(Outcome.RAW_CRASH, f"no recipe builds {name}: add one to tests/robustness/values.py")
+    d = recipe()
+    if kind == "construct":
+        return Result(Outcome.OK, "built")
+    x = torch.randn(4, 2, generator=_gen(3))
+    if kind in ("nan-row", "huge-row"):
+        reference = d.log_prob(x)
+        bad = x.clone()
+        bad[1, 0] = math.nan if kind == "nan-row" else 1e30
+
+        def check(lp: Tensor) -> str | None:
+            if not _same(lp[[0, 2, 3]], reference[[0, 2, 3]]):
+                return "clean rows changed"
+            if kind == "nan-row":
+                return None if bool(torch.isnan(lp[1])) else "a NaN row got a number"
+            return None if bool(lp[1] < 0) and not bool(torch.isnan(lp[1])) else f"log_prob at 1e30 is {float(lp[1])}"
+
+        return expect_right_or_clear(lambda: d.log_prob(bad), check)
+    if kind == "empty":
+        return expect_right_or_clear(
+            lambda: d.log_prob(torch.zeros(0, 2)), lambda lp: None if lp.shape == (0,) else f"shape {tuple(lp.shape)}"
+        )
+    if kind == "wrong-event":
+        return expect_clear(lambda: d.log_prob(torch.zeros(4, 3)), accepted="accepted 3 entries for an event of 2")
+    if kind == "int":
+        reference = d.log_prob(torch.ones(4, 2))
+        return expect_right_or_clear(
+            lambda: d.log_prob(torch.ones(4, 2, dtype=torch.long)),
+            lambda lp: None if _same(lp, reference) else "an integer value gave another log_prob",
+        )
+    if kind in ("sample", "sample-empty"):
+        n = 3 if kind == "sample" else 0
+        return expect_right_or_clear(
+            lambda: d.sample((n,)),
+            lambda s: None if s.shape == (n, 2) and bool(torch.isfinite(s).all()) else f"samples {tuple(s.shape)}",
+        )
+    if kind == "sample-negative":
+        return expect_clear(lambda: d.sample((-1,)), accepted="sample((-1,)) answered")
+    raise AssertionError(kind)
+
+
+def _own_distribution_attacks() -> list[Attack]:
+    """Every member of ``flows.distributions.__all__`` but the abstract base (discovered, not listed)."""
+    import flows.distributions
+
+    names = sorted(set(flows.distributions.__all__) - {"Distribution"})
+    return [
+        Attack(f"distribution/{name}/{kind}", "distribution", functools.partial(_own_distribution_attack, name, kind))
+        for name in names
+        for kind in OWN_DISTRIBUTION_ATTACKS
+    ]
+
+
 def attacks() -> list[Attack]:
     """The metric, particle and distribution families of the table."""
     import flows.metrics
@@ -547,4 +630,5 @@ def attacks() -> list[Attack]:
         *_function_attacks("metric", flows.metrics, metric_recipes),
         *_function_attacks("particles", flows.particles, particle_recipes),
         *_distribution_attacks(),
+        *_own_distribution_attacks(),
     ]
