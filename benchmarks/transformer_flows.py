@@ -26,7 +26,11 @@ wall-clock budget (``--schedule``), gradient clipping at 1, one thread. Reported
 (:class:`flows.train.RepresentationAlignment`) of the blocks and layers ``--align-where`` with a
 **stand-in encoder**: a small CNN classifier trained here on the training images for
 ``--encoder-seconds`` (not counted in the flow's budget) and frozen, standing in for a
-foundation model such as DINOv2, which cannot be downloaded on these machines.
+foundation model such as DINOv2, which cannot be downloaded on these machines (``--encoder global``,
+the default, sees the whole image from every feature; ``local`` only the feature's patch).
+``--align-until f`` stops the alignment after the first fraction ``f`` of the budget and trains by
+maximum likelihood alone from there (HASTE's early stop: Wang et al. 2025, "REPA Works Until It
+Doesn't: Early-Stopped, Holistic Alignment Supercharges Diffusion Training", arXiv:2505.16792).
 
 The reference code (apple/ml-tarflow) is not run by this script; run it unchanged from a scratch
 folder and compare at the same budget.
@@ -83,13 +87,33 @@ class StandInEncoder(nn.Module):
     It **stands in for a foundation model** (DINOv2 and the like cannot be downloaded on these
     machines): ``forward`` returns its convolutional feature maps ``(B, width, H/p, W/p)`` on the
     flow's patch grid, ``head`` classifies them (used only to train it).
+
+    ``kind="local"`` is one 3×3 convolution and one ``p × p`` patch convolution: each feature sees
+    its own patch and a pixel around it (a ``(p + 2)²`` receptive field), so it says little the
+    flow's token does not already hold. ``kind="global"`` (the default) is closer to what a
+    foundation model gives: stride-2 3×3 convolutions down to the patch grid, then ``depth`` more
+    3×3 convolutions on the grid, so each feature sees far beyond its patch (a 33-pixel square
+    at patch 4 and ``depth=3``, more than an MNIST image's 28) and carries what the digit is, not
+    only what its patch looks like.
     """
 
-    def __init__(self, patch: int, width: int = 32, classes: int = 10) -> None:
+    def __init__(self, patch: int, width: int = 32, classes: int = 10, kind: str = "global", depth: int = 3) -> None:
         super().__init__()
-        self.features = nn.Sequential(
-            nn.Conv2d(1, width, 3, padding=1), nn.SiLU(), nn.Conv2d(width, width, patch, stride=patch), nn.SiLU()
-        )
+        if kind == "local":
+            layers = [nn.Conv2d(1, width, 3, padding=1), nn.SiLU()]
+            layers += [nn.Conv2d(width, width, patch, stride=patch), nn.SiLU()]
+        elif kind == "global":
+            layers, stride, channels = [nn.Conv2d(1, width, 3, padding=1), nn.SiLU()], 1, width
+            while patch % (stride * 2) == 0:  # halve towards the patch grid, then pool the odd factor left
+                layers += [nn.Conv2d(channels, width, 3, stride=2, padding=1), nn.SiLU()]
+                stride *= 2
+            if stride != patch:
+                layers.append(nn.AvgPool2d(patch // stride))
+            for _ in range(depth):
+                layers += [nn.Conv2d(width, width, 3, padding=1), nn.SiLU()]
+        else:
+            raise ValueError(f"encoder kind must be 'local' or 'global', got {kind!r}")
+        self.features = nn.Sequential(*layers)
         self.head = nn.Sequential(nn.AdaptiveAvgPool2d(1), nn.Flatten(), nn.Linear(width, classes))
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
@@ -104,7 +128,7 @@ def clean(images: torch.Tensor, levels: int) -> torch.Tensor:
 def train_encoder(images, labels, levels: int, args: argparse.Namespace) -> tuple[StandInEncoder, float]:
     """The stand-in encoder trained by cross-entropy for ``args.encoder_seconds``; returns it frozen and its steps."""
     torch.manual_seed(args.seed)
-    encoder = StandInEncoder(args.patch, args.encoder_width)
+    encoder = StandInEncoder(args.patch, args.encoder_width, kind=args.encoder)
     optimizer = torch.optim.Adam(encoder.parameters(), lr=2e-3)
     generator = torch.Generator().manual_seed(args.seed + 2)
     start, steps = time.perf_counter(), 0
@@ -168,7 +192,7 @@ def train(flow: flows.TarFlow, images, labels, levels: int, args: argparse.Names
         for group in optimizer.param_groups:
             group["lr"] = learning_rate(args, step, time.perf_counter() - start)
         context = flow.class_context(labels[index])
-        if align is None:
+        if align is None or time.perf_counter() - start >= args.align_until * args.seconds:
             loss = -(flow.log_prob(x, context) + dims * math.log(2)).mean() / dims
         else:  # the NLL per dimension plus λ times the alignment term, in one pass
             log_p, states = align.hidden_states(flow, x, context)
@@ -269,12 +293,24 @@ def parse(argv: list[str] | None) -> argparse.Namespace:
     p.add_argument("--noise-std", type=float, default=0.0, help="Gaussian noise augmentation σ in [-1, 1] units")
     p.add_argument("--align", default="none", choices=["none", "reverse", "forward", "detach"])
     p.add_argument("--align-weight", type=float, default=0.5)
+    p.add_argument(
+        "--align-until",
+        type=float,
+        default=1.0,
+        help="align only in this first fraction of the budget, then maximum likelihood alone (HASTE's early stop)",
+    )
     p.add_argument("--align-where", default="-2:1,-1:1", help="aligned block:layer pairs (default: nearest z)")
     p.add_argument(
         "--projector-width", type=int, default=None, help="hidden width of the alignment projector (default 4 x width)"
     )
     p.add_argument("--encoder-seconds", type=float, default=60.0, help="training time of the stand-in encoder")
     p.add_argument("--encoder-width", type=int, default=32)
+    p.add_argument(
+        "--encoder",
+        choices=["global", "local"],
+        default="global",
+        help="the stand-in encoder's receptive field (see StandInEncoder)",
+    )
     p.add_argument("--batch", type=int, default=64)
     p.add_argument("--lr", type=float, default=2e-3)
     p.add_argument("--warmup", type=int, default=100, help="linear warm-up steps")
@@ -286,7 +322,10 @@ def parse(argv: list[str] | None) -> argparse.Namespace:
     p.add_argument("--guidance", type=float, default=0.0, help="also draw 100 samples with this guidance weight")
     p.add_argument("--save", default=None, help="write the trained flow here (flows.save_model)")
     p.add_argument("--verbose", action="store_true")
-    return _harness.setup(p.parse_args(argv))
+    args = p.parse_args(argv)
+    if not 0 < args.align_until <= 1:
+        p.error(f"--align-until: expected a fraction in (0, 1], got {args.align_until}")
+    return _harness.setup(args)
 
 
 def main(argv: list[str] | None = None) -> dict[str, float]:
@@ -307,6 +346,9 @@ def main(argv: list[str] | None = None) -> dict[str, float]:
     encoder_steps = None
     if args.align != "none":
         encoder, encoder_steps = train_encoder(x_tr, y_tr, levels, args)
+        with torch.no_grad():  # how much the stand-in knows: its own accuracy on the classified test images
+            n = min(args.classify_images, len(x_te))
+            encoder_accuracy = (encoder.head(encoder(clean(x_te[:n], levels))).argmax(-1) == y_te[:n]).double().mean()
         align = alignment(args, encoder)
     else:
         align = None
@@ -320,6 +362,7 @@ def main(argv: list[str] | None = None) -> dict[str, float]:
     result["parameters"] = parameters
     if encoder_steps is not None:
         result["encoder_steps"] = encoder_steps
+        result["encoder_accuracy"] = encoder_accuracy.item()
     print(f"TarFlow on {args.data}: {parameters:,} parameters, {args.threads} thread(s), {args.seconds:g} s budget")
     for key, value in result.items():
         print(f"  {key:18s} {value:.4g}" if isinstance(value, float) else f"  {key:18s} {value}")

@@ -96,6 +96,34 @@ def test_the_routes_align_the_same_features_and_the_encoder_stays_frozen() -> No
         assert not torch.allclose(h[:, 3 - first], h[:1, 3 - first].expand(6, 16))
 
 
+def test_the_forward_route_reads_the_likelihood_pass_own_states_with_the_two_pass_gradient() -> None:
+    flow, (x, y) = _flow(), _batch()
+    block = flow.blocks[1]
+    tokens = torch.randn(6, 4, 4, dtype=torch.float64)
+    z, ladj, states = block.forward_with_states(tokens, y, layers=[1, 0])
+    z0, ladj0 = block.forward_and_log_det(tokens, y)
+    torch.testing.assert_close((z, ladj), (z0, ladj0), rtol=0, atol=0)
+    for h, h0 in zip(states, block.hidden_states(tokens, y, layers=[1, 0]), strict=True):
+        torch.testing.assert_close(h, h0, rtol=0, atol=0)
+    align = RepresentationAlignment(_encoder(), where=[(-1, 1), (0, 0)], route="forward", width=16, features=6).double()
+    targets = align.targets(x, (2, 2))
+    grads = []
+    for one_pass in (True, False):  # the states from the likelihood pass, or from a second pass on its inputs
+        flow.zero_grad()
+        if one_pass:
+            log_p, states = align.hidden_states(flow, x, y)
+        else:
+            state = flow.forward_pass(x, y)
+            log_p = state.log_prob
+            pairs = ((3, 1), (0, 0))
+            states = [flow.blocks[b].hidden_states(state.inputs[b], y, layers=[layer])[0] for b, layer in pairs]
+        (-log_p.mean() + align.alignment_loss(states, targets)).backward()
+        grads.append(torch.cat([p.grad.flatten() for p in flow.parameters()]))
+    torch.testing.assert_close(grads[0], grads[1], rtol=0, atol=1e-12)
+    with pytest.raises(ValueError, match=r"expected state blocks in 0\.\.3, got 4"):
+        flow.forward_pass(x, y, states=[(4, 0)])
+
+
 def test_encoder_grids_are_interpolated_or_pooled_to_the_flow_grid_and_bad_outputs_are_refused() -> None:
     x, _ = _batch()
     for grid in ("interpolate", "pool"):
@@ -370,3 +398,44 @@ def test_the_benchmark_trains_a_noise_model_with_reverse_alignment_at_a_tiny_bud
     for key in ("bayes_accuracy", "bayes_accuracy_clean", "gradient_accuracy"):
         assert 0 <= result[key] <= 1
     assert "gradient_accuracy" in capsys.readouterr().out
+
+
+def _benchmark_module():
+    from pathlib import Path
+
+    from tests.scripts import run_script
+
+    script = Path(__file__).resolve().parents[1] / "benchmarks" / "transformer_flows.py"
+    return run_script(str(script), run_name="benchmark")
+
+
+@pytest.mark.parametrize("patch", [2, 3, 4])
+def test_the_global_stand_in_encoder_sees_the_whole_image_and_the_local_one_its_patch(patch: int) -> None:
+    module = _benchmark_module()
+    torch.manual_seed(0)
+    x = torch.randn(1, 1, 12, 12)
+    moved = x.clone()
+    moved[..., 6, 6] += 1.0  # a pixel in the middle of the image
+    for kind in ("global", "local"):
+        encoder = module["StandInEncoder"](patch, width=8, kind=kind)
+        a, b = encoder(x), encoder(moved)
+        assert a.shape == (1, 8, 12 // patch, 12 // patch)
+        changed = (a - b).abs().amax(1)[0] > 0  # which grid cells the pixel reaches
+        if kind == "global":
+            assert changed.all(), changed
+        else:  # its own cell (and a neighbour when the pixel sits on a patch's edge), never the corner
+            assert changed[6 // patch, 6 // patch] and not changed[0, 0] and changed.sum() <= 4, changed
+    with pytest.raises(ValueError, match="encoder kind must be 'local' or 'global', got 'deep'"):
+        module["StandInEncoder"](patch, kind="deep")
+
+
+def test_the_benchmark_refuses_an_alignment_fraction_outside_0_1() -> None:
+    parse = _benchmark_module()["parse"]
+    threads = torch.get_num_threads()
+    try:
+        assert parse(["--align-until", "0.25"]).align_until == 0.25
+        for bad in ("0", "1.5", "-0.1"):
+            with pytest.raises(SystemExit):
+                parse(["--align-until", bad])
+    finally:
+        torch.set_num_threads(threads)

@@ -10,7 +10,7 @@ from __future__ import annotations
 
 import math
 from collections.abc import Sequence
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 
 import torch
 from torch import Tensor
@@ -255,23 +255,39 @@ class TarFlow(Flow):
             ladj = term if ladj is None else ladj + term
         return self.base.log_prob(x) + ladj
 
-    def forward_pass(self, x: Tensor, context: Tensor | None = None) -> TarFlowPass:
+    def forward_pass(
+        self, x: Tensor, context: Tensor | None = None, *, states: Sequence[tuple[int, int]] = ()
+    ) -> TarFlowPass:
         """``log_prob`` that also keeps every block's input and the context it used (label dropout applied).
 
-        What :class:`flows.train.RepresentationAlignment` builds the aligned features from, in the
+        ``states``: ``(block, layer)`` pairs (blocks ``0..n-1`` as in :attr:`blocks`, data side
+        first) whose transformer hidden states to keep, taken from the same pass
+        (:meth:`~flows.bijections.TransformerAutoregressive.forward_with_states`). What
+        :class:`flows.train.RepresentationAlignment` builds the aligned features from, in the
         same pass as the maximum-likelihood loss.
         """
         context = self._dropped(x, context)
         self._checked(x, context)
-        inputs, ladj = [], None
+        keep: dict[int, list[int]] = {}
+        for b, layer in states:
+            if not 0 <= b < len(self.blocks):
+                raise ValueError(f"TarFlow: expected state blocks in 0..{len(self.blocks) - 1}, got {b}")
+            keep.setdefault(b, []).append(layer)
+        inputs, kept, ladj = [], {}, None
         for layer in _members(self.transform):
             if isinstance(layer, TransformerAutoregressive):
+                b = len(inputs)
                 inputs.append(x)
-            x, term = layer.forward_and_log_det(x, context)
-            ladj = term if ladj is None else ladj + term
-            if isinstance(layer, TransformerAutoregressive):
+                if b in keep:
+                    x, term, hs = layer.forward_with_states(x, context, layers=keep[b])
+                    kept.update(zip(((b, lay) for lay in keep[b]), hs, strict=True))
+                else:
+                    x, term = layer.forward_and_log_det(x, context)
                 outputs = x
-        return TarFlowPass(self.base.log_prob(x, context) + ladj, inputs, outputs, context)
+            else:
+                x, term = layer.forward_and_log_det(x, context)
+            ladj = term if ladj is None else ladj + term
+        return TarFlowPass(self.base.log_prob(x, context) + ladj, inputs, outputs, context, kept)
 
     @torch.no_grad()
     def sample(
@@ -349,12 +365,14 @@ class TarFlowPass:
         inputs: each TarFlow block's input tokens ``(*batch, T, C)``, data side first.
         output: the last block's output tokens (the latent, as tokens).
         context: the context the blocks saw (labels after dropout).
+        states: the hidden states asked for, ``{(block, layer): (*batch, T, width)}``.
     """
 
     log_prob: Tensor
     inputs: list[Tensor]
     output: Tensor
     context: Tensor | None
+    states: dict[tuple[int, int], Tensor] = field(default_factory=dict)
 
 
 def _members(transform: Bijection) -> list[Bijection]:

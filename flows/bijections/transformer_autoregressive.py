@@ -236,7 +236,11 @@ class TransformerAutoregressive(Bijection):
         return self._forward(xs, self._net_context(context, batch), batch)
 
     def _forward(self, xs: Tensor, c: Tensor | None, batch: torch.Size) -> tuple[Tensor, Tensor]:
-        log_s, b = self._scale_shift(self.net(self._shifted(xs), c), slice(None))
+        return self._affine(xs, self.net(self._shifted(xs), c), batch)
+
+    def _affine(self, xs: Tensor, out: Tensor, batch: torch.Size) -> tuple[Tensor, Tensor]:
+        """``(z, ladj)`` of ``z = (x − b(x_<)) / s(x_<)`` from the network's output ``out`` on ``xs``."""
+        log_s, b = self._scale_shift(out, slice(None))
         z = (xs - b) * torch.exp(-log_s)
         return self._unflat(z, -log_s.sum(dim=(-2, -1)), batch)
 
@@ -277,6 +281,19 @@ class TransformerAutoregressive(Bijection):
         xs, batch = self._flat(x)
         states = self.net.hidden_states(self._shifted(xs), self._net_context(context, batch), layers=layers)
         return [h.index_select(1, self.inverse_perm).reshape(*batch, self.tokens, h.shape[-1]) for h in states]
+
+    def forward_with_states(
+        self, x: Tensor, context: Tensor | None = None, *, layers: Sequence[int]
+    ) -> tuple[Tensor, Tensor, list[Tensor]]:
+        """``(z, ladj, hidden_states(x, context, layers=layers))`` from one pass of the network.
+
+        The states are those the forward map is computed through: forward-route alignment
+        (:class:`flows.train.RepresentationAlignment`) adds no second pass through the block.
+        """
+        xs, batch = self._flat(x)
+        out, states = self.net.forward_with_states(self._shifted(xs), self._net_context(context, batch), layers=layers)
+        z, ladj = self._affine(xs, out, batch)
+        return z, ladj, [h.index_select(1, self.inverse_perm).reshape(*batch, self.tokens, h.shape[-1]) for h in states]
 
     def inverse_and_log_det(self, z: Tensor, context: Tensor | None = None) -> tuple[Tensor, Tensor]:
         zs, batch = self._flat(z)

@@ -250,6 +250,25 @@ class CausalTransformer(nn.Module):
         Raises:
             ValueError: for a layer outside ``0..layers-1`` or too many positions.
         """
+        return self._run(x, context, layers, output=False)[1]
+
+    def forward_with_states(
+        self, x: Tensor, context: Tensor | None = None, *, layers: Sequence[int]
+    ) -> tuple[Tensor, list[Tensor]]:
+        """``(self(x, context), self.hidden_states(x, context, layers=layers))`` from one pass.
+
+        The states are the ones the output is computed through (one graph), so a loss on both
+        costs one forward and one backward, not two.
+
+        Raises:
+            ValueError: for a layer outside ``0..layers-1`` or too many positions.
+        """
+        return self._run(x, context, layers, output=True)
+
+    def _run(
+        self, x: Tensor, context: Tensor | None, layers: Sequence[int], *, output: bool
+    ) -> tuple[Tensor | None, list[Tensor]]:
+        """One whole-sequence pass keeping the states after ``layers``; to the output or the deepest layer."""
         wanted = sorted(set(layers))
         if not wanted or wanted[0] < 0 or wanted[-1] >= len(self.blocks):
             raise ValueError(f"CausalTransformer: expected layers in 0..{len(self.blocks) - 1}, got {list(layers)}")
@@ -260,10 +279,11 @@ class CausalTransformer(nn.Module):
         if extra is not None:
             h = h + extra
         states = {}
-        for index, block in enumerate(self.blocks[: wanted[-1] + 1]):
+        for index, block in enumerate(self.blocks if output else self.blocks[: wanted[-1] + 1]):
             h, _ = block(h, None, 1.0)
             states[index] = h
-        return [states[layer] for layer in layers]
+        out = self.proj_out(self.norm_out(h)) if output else None
+        return out, [states[layer] for layer in layers]
 
     def forward(self, x: Tensor, context: Tensor | None = None, *, temperature: float = 1.0) -> Tensor:
         """All outputs ``(N, S, out_features)`` of a whole sequence ``x`` ``(N, S, in_features)`` in one pass."""

@@ -231,16 +231,16 @@ class RepresentationAlignment(nn.Module, Objective):
             if not -n <= b < n:
                 raise ValueError(f"RepresentationAlignment: expected blocks in -{n}..{n - 1}, got {b}")
             where.append((b % n, layer))
-        state = flow.forward_pass(x, context)
+        state = flow.forward_pass(x, context, states=where if self.route == "forward" else ())
         c = state.context
+        if self.route == "forward":  # the maximum-likelihood pass's own states: no second pass
+            return state.log_prob, [state.states[pair] for pair in where]
         if self.route == "reverse":
             lowest = min(b for b, _ in where)
             inputs, x_rev = {}, state.output.detach()
             for i in range(n - 1, lowest - 1, -1):  # the generative graph from the detached latent
                 x_rev = blocks[i].inverse_teacher_forced(x_rev, state.inputs[i].detach(), c)
                 inputs[i] = x_rev
-        elif self.route == "forward":
-            inputs = dict(enumerate(state.inputs))
         else:
             inputs = {i: v.detach() for i, v in enumerate(state.inputs)}
         states = [blocks[b].hidden_states(inputs[b], c, layers=[layer])[0] for b, layer in where]
