@@ -7,7 +7,8 @@ on **uniformly dequantised** images ``v = (x + u) / 256`` mapped to ``[-1, 1]`` 
 wall-clock budget (``--schedule``), gradient clipping at 1, one thread. Reported:
 
 * test bits/dim (:func:`flows.metrics.bits_per_dim` of the density on ``[0, 1]^D``, one
-  dequantisation draw) on the first ``--eval-images`` test images and, with ``--all-test``, all of them;
+  dequantisation draw; ``_se`` its standard error over the images) on the first ``--eval-images``
+  test images and, with ``--all-test``, all of them;
   an image whose float32 log-density overflows (a scale beyond ``e^±88``) is scored again in float64,
   and the number of such images is reported (``float64_rescored``);
 * Bayes accuracy (:func:`flows.classify.bayes_classifier`, uniform prior, ``K`` passes) on the first
@@ -160,7 +161,7 @@ def alignment(args: argparse.Namespace, encoder: nn.Module | None) -> Representa
         weight=args.align_weight,
         width=args.width,
         features=args.encoder_width,
-        projector_width=args.projector_width or 4 * args.width,
+        projector_width=args.projector_width or args.width,
     )
 
 
@@ -229,12 +230,15 @@ def evaluate(flow: flows.TarFlow, images, labels, levels: int, args: argparse.Na
                 redone += int(bad.sum())
             values.append(bits_per_dim(log_p, dims, levels))
         overflowed[n] = redone
-        return torch.cat(values).mean().item()
+        per_image = torch.cat(values).double()
+        return per_image.mean().item(), (per_image.std() / math.sqrt(len(per_image))).item()
 
     n_eval = min(args.eval_images, len(images))
-    result = {"bits_per_dim": bpd(n_eval), "eval_images": n_eval, "float64_rescored": overflowed[n_eval]}
+    mean, se = bpd(n_eval)
+    result = {"bits_per_dim": mean, "bits_per_dim_se": se, "eval_images": n_eval}
+    result["float64_rescored"] = overflowed[n_eval]
     if args.all_test:
-        result["bits_per_dim_all"] = bpd(len(images))
+        result["bits_per_dim_all"], result["bits_per_dim_all_se"] = bpd(len(images))
         result["float64_rescored_all"] = overflowed[len(images)]
     n_cls = min(args.classify_images, len(images))
     x = model_inputs(images[:n_cls], levels, 0.0, generator)  # scored as trained: noised with the model's σ
@@ -299,9 +303,11 @@ def parse(argv: list[str] | None) -> argparse.Namespace:
         default=1.0,
         help="align only in this first fraction of the budget, then maximum likelihood alone (HASTE's early stop)",
     )
-    p.add_argument("--align-where", default="-2:1,-1:1", help="aligned block:layer pairs (default: nearest z)")
     p.add_argument(
-        "--projector-width", type=int, default=None, help="hidden width of the alignment projector (default 4 x width)"
+        "--align-where", default="-1:1", help="aligned block:layer pairs (default: layer 1 of the block nearest z)"
+    )
+    p.add_argument(
+        "--projector-width", type=int, default=None, help="hidden width of the alignment projector (default: --width)"
     )
     p.add_argument("--encoder-seconds", type=float, default=60.0, help="training time of the stand-in encoder")
     p.add_argument("--encoder-width", type=int, default=32)

@@ -122,6 +122,11 @@ def test_the_forward_route_reads_the_likelihood_pass_own_states_with_the_two_pas
     torch.testing.assert_close(grads[0], grads[1], rtol=0, atol=1e-12)
     with pytest.raises(ValueError, match=r"expected state blocks in 0\.\.3, got 4"):
         flow.forward_pass(x, y, states=[(4, 0)])
+    for bad in ((0,), (0, 1.0), "ab", (True, 0)):
+        with pytest.raises(ValueError, match=r"expected states as \(block, layer\) pairs of ints"):
+            flow.forward_pass(x, y, states=[bad])
+    with pytest.raises(ValueError, match=r"expected layers in 0\.\.1, got \[2\]"):
+        flow.forward_pass(x, y, states=[(0, 2)])
 
 
 def test_encoder_grids_are_interpolated_or_pooled_to_the_flow_grid_and_bad_outputs_are_refused() -> None:
@@ -174,13 +179,42 @@ def test_the_trainer_trains_flow_and_projector_with_the_alignment_term() -> None
         align(flows.RealNVP(16, transforms=1, hidden=(4,)), (x.flatten(1),))
 
 
-def test_a_resumed_alignment_run_continues_with_the_saved_projector(tmp_path) -> None:
+def test_alignment_stops_after_until_steps_and_is_still_measured() -> None:
+    flow, (x, y) = _flow(), _batch(12)
+    align = RepresentationAlignment(
+        _encoder(), where=ALIGNED, width=16, features=6, projector_width=8, until=2
+    ).double()
+    trainer = Trainer(
+        flow, align, optimizer=lambda p: torch.optim.Adam([*p, *align.projector.parameters()], 1e-3), progress=False
+    )
+    first = trainer.fit((x, y), epochs=1, batch_size=6, shuffle=False).last()  # steps 1-2: aligned
+    assert int(align.steps) == 2
+    assert first["loss"] == pytest.approx(first["nll"] + 16 * 0.5 * first["alignment"], rel=1e-9)
+    projector = [p.detach().clone() for p in align.projector.parameters()]
+    weights = [p.detach().clone() for p in flow.parameters()]
+    second = trainer.fit((x, y), epochs=2, batch_size=6, shuffle=False).last()  # steps 3-4: likelihood alone
+    assert int(align.steps) == 4 and second["loss"] == pytest.approx(second["nll"], rel=1e-12)
+    assert second["alignment"] != 0 and math.isfinite(second["alignment"])  # still measured
+    assert all(torch.equal(a, b) for a, b in zip(projector, align.projector.parameters(), strict=True))
+    assert not all(torch.equal(a, b) for a, b in zip(weights, flow.parameters(), strict=True))
+    flow.eval()
+    align(flow, (x, y))  # evaluation does not count
+    assert int(align.steps) == 4 and "until=2" in repr(align)
+    for bad in (0, -1, 1.5, True):
+        with pytest.raises(ValueError, match="expected until to be None or a positive int"):
+            RepresentationAlignment(_encoder(), where=ALIGNED, width=16, features=6, until=bad)
+
+
+@pytest.mark.parametrize("until", [None, 3])
+def test_a_resumed_alignment_run_continues_with_the_saved_projector(tmp_path, until: int | None) -> None:
     x, y = _batch(12)
 
     def run(epochs: int, resume: bool):
         torch.manual_seed(0)
         flow = _flow()
-        align = RepresentationAlignment(_encoder(), where=ALIGNED, width=16, features=6, projector_width=8).double()
+        align = RepresentationAlignment(
+            _encoder(), where=ALIGNED, width=16, features=6, projector_width=8, until=until
+        ).double()
         trainer = Trainer(
             flow,
             align,

@@ -269,10 +269,13 @@ class TarFlow(Flow):
         context = self._dropped(x, context)
         self._checked(x, context)
         keep: dict[int, list[int]] = {}
-        for b, layer in states:
-            if not 0 <= b < len(self.blocks):
-                raise ValueError(f"TarFlow: expected state blocks in 0..{len(self.blocks) - 1}, got {b}")
-            keep.setdefault(b, []).append(layer)
+        for pair in states:
+            ints = isinstance(pair, Sequence) and len(pair) == 2
+            if not ints or not all(isinstance(v, int) and not isinstance(v, bool) for v in pair):
+                raise ValueError(f"TarFlow: expected states as (block, layer) pairs of ints, got {pair!r}")
+            if not 0 <= pair[0] < len(self.blocks):
+                raise ValueError(f"TarFlow: expected state blocks in 0..{len(self.blocks) - 1}, got {pair[0]}")
+            keep.setdefault(pair[0], []).append(pair[1])
         inputs, kept, ladj = [], {}, None
         for layer in _members(self.transform):
             if isinstance(layer, TransformerAutoregressive):

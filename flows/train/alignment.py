@@ -135,6 +135,11 @@ class RepresentationAlignment(nn.Module, Objective):
         grid: ``"interpolate"`` or ``"pool"``: how an encoder grid of another size is matched.
         likelihood: the maximum-likelihood objective (dequantization, noise); default
             :class:`~flows.train.MaximumLikelihood`.
+        until: align in the first ``until`` training steps only, then train by maximum
+            likelihood alone (HASTE's early stop, Wang et al. 2025, arXiv:2505.16792); the
+            alignment is still measured and logged after it. Steps are the calls in training
+            mode with gradients on, counted in the ``steps`` buffer (saved with the objective's
+            state, so a resumed run stops where it would have). ``None``: align throughout.
 
     Raises:
         ValueError, TypeError: for a bad argument, naming what was expected.
@@ -163,6 +168,7 @@ class RepresentationAlignment(nn.Module, Objective):
         projector_width: int = 2048,
         grid: str = "interpolate",
         likelihood: MaximumLikelihood | None = None,
+        until: int | None = None,
     ) -> None:
         super().__init__()
         who = "RepresentationAlignment"
@@ -174,6 +180,8 @@ class RepresentationAlignment(nn.Module, Objective):
             raise ValueError(f"{who}: expected grid in ['interpolate', 'pool'], got {grid!r}")
         if isinstance(weight, bool) or not isinstance(weight, (int, float)) or not 0 <= weight < math.inf:
             raise ValueError(f"{who}: expected weight to be a finite number >= 0, got {weight!r}")
+        if until is not None and (isinstance(until, bool) or not isinstance(until, int) or until < 1):
+            raise ValueError(f"{who}: expected until to be None or a positive int (training steps), got {until!r}")
         if projector is None:
             sizes = {"width": width, "features": features, "projector_width": projector_width}
             if any(not isinstance(v, int) or isinstance(v, bool) or v < 1 for v in sizes.values()):
@@ -188,6 +196,8 @@ class RepresentationAlignment(nn.Module, Objective):
         self.encoder = encoder.requires_grad_(False)
         self.projector = projector
         self.likelihood = likelihood if likelihood is not None else MaximumLikelihood()
+        self.until = until
+        self.register_buffer("steps", torch.zeros((), dtype=torch.long))
 
     # -- pieces ---------------------------------------------------------------------------------
     def targets(self, x: Tensor, grid: tuple[int, int]) -> Tensor:
@@ -224,13 +234,8 @@ class RepresentationAlignment(nn.Module, Objective):
 
     def hidden_states(self, flow: TarFlow, x: Tensor, context: Tensor | None = None) -> tuple[Tensor, list[Tensor]]:
         """``(log p(x), [h per aligned location])`` with each ``h`` ``(B, T, width)`` on the route's graph."""
-        blocks = flow.blocks
+        blocks, where = flow.blocks, self._pairs(flow)
         n = len(blocks)
-        where = []
-        for b, layer in self.where:
-            if not -n <= b < n:
-                raise ValueError(f"RepresentationAlignment: expected blocks in -{n}..{n - 1}, got {b}")
-            where.append((b % n, layer))
         state = flow.forward_pass(x, context, states=where if self.route == "forward" else ())
         c = state.context
         if self.route == "forward":  # the maximum-likelihood pass's own states: no second pass
@@ -245,6 +250,14 @@ class RepresentationAlignment(nn.Module, Objective):
             inputs = {i: v.detach() for i, v in enumerate(state.inputs)}
         states = [blocks[b].hidden_states(inputs[b], c, layers=[layer])[0] for b, layer in where]
         return state.log_prob, states
+
+    def _pairs(self, flow: TarFlow) -> list[tuple[int, int]]:
+        """The aligned ``(block, layer)`` pairs with blocks counted ``0..n-1`` from the data side."""
+        n = len(flow.blocks)
+        for b, _ in self.where:
+            if not -n <= b < n:
+                raise ValueError(f"RepresentationAlignment: expected blocks in -{n}..{n - 1}, got {b}")
+        return [(b % n, layer) for b, layer in self.where]
 
     def alignment_loss(self, states: Sequence[Tensor], targets: Tensor) -> Tensor:
         r"""Mean over locations, tokens and batch of :math:`-\cos(y^\star_n, h_\phi(h_n))`."""
@@ -265,16 +278,28 @@ class RepresentationAlignment(nn.Module, Objective):
             raise TypeError(f"RepresentationAlignment: expected a TarFlow model, got {type(model).__name__}")
         clean, _ = split_batch(batch)
         x, context = self.likelihood._inputs(model, batch)
-        log_p, states = self.hidden_states(model, x, context)
+        aligning = self.until is None or int(self.steps) < self.until
+        if model.training and torch.is_grad_enabled():
+            self.steps += 1
+        targets = self.targets(clean.to(x.dtype), _token_grid(model))
+        if aligning:
+            log_p, states = self.hidden_states(model, x, context)
+            align = self.alignment_loss(states, targets)
+        else:  # past `until`: maximum likelihood alone, the alignment measured on the same pass
+            state = model.forward_pass(x, context, states=self._pairs(model))
+            log_p = state.log_prob
+            with torch.no_grad():
+                align = self.alignment_loss([state.states[pair] for pair in self._pairs(model)], targets)
         nll = -log_p.mean()
-        align = self.alignment_loss(states, self.targets(clean.to(x.dtype), _token_grid(model)))
         dims = math.prod(x.shape[1:])  # λ weighs the per-dimension NLL, as TarFlow's and FlowBack's losses are
-        return nll + dims * self.weight * align, {"nll": nll.detach(), "alignment": align.detach()}
+        loss = nll + dims * self.weight * align if aligning else nll
+        return loss, {"nll": nll.detach(), "alignment": align.detach()}
 
     forward = __call__
 
     def extra_repr(self) -> str:
-        return f"where={self.where}, route={self.route!r}, weight={self.weight}, grid={self.grid!r}"
+        until = "" if self.until is None else f", until={self.until}"
+        return f"where={self.where}, route={self.route!r}, weight={self.weight}, grid={self.grid!r}{until}"
 
 
 def _token_grid(flow: TarFlow) -> tuple[int, int]:
