@@ -286,10 +286,11 @@ class RepresentationAlignment(nn.Module, Objective):
             log_p, states = self.hidden_states(model, x, context)
             align = self.alignment_loss(states, targets)
         else:  # past `until`: maximum likelihood alone, the alignment measured on the same pass
-            state = model.forward_pass(x, context, states=self._pairs(model))
+            pairs = self._pairs(model)
+            state = model.forward_pass(x, context, states=pairs)
             log_p = state.log_prob
             with torch.no_grad():
-                align = self.alignment_loss([state.states[pair] for pair in self._pairs(model)], targets)
+                align = self.alignment_loss([state.states[pair] for pair in pairs], targets)
         nll = -log_p.mean()
         dims = math.prod(x.shape[1:])  # λ weighs the per-dimension NLL, as TarFlow's and FlowBack's losses are
         loss = nll + dims * self.weight * align if aligning else nll
