@@ -314,8 +314,8 @@ def parse(argv: list[str] | None) -> argparse.Namespace:
     p.add_argument(
         "--encoder",
         choices=["global", "local"],
-        default="global",
-        help="the stand-in encoder's receptive field (see StandInEncoder)",
+        default=None,
+        help="the stand-in encoder's receptive field (see StandInEncoder; default global)",
     )
     p.add_argument("--batch", type=int, default=64)
     p.add_argument("--lr", type=float, default=2e-3)
@@ -331,6 +331,9 @@ def parse(argv: list[str] | None) -> argparse.Namespace:
     args = p.parse_args(argv)
     if not 0 < args.align_until <= 1:
         p.error(f"--align-until: expected a fraction in (0, 1], got {args.align_until}")
+    if args.align == "none" and (args.align_until != 1 or args.encoder is not None):
+        p.error("--align-until and --encoder set up the alignment: expected them with --align")
+    args.encoder = args.encoder or "global"
     return _harness.setup(args)
 
 

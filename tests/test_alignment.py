@@ -463,13 +463,17 @@ def test_the_global_stand_in_encoder_sees_the_whole_image_and_the_local_one_its_
         module["StandInEncoder"](patch, kind="deep")
 
 
-def test_the_benchmark_refuses_an_alignment_fraction_outside_0_1() -> None:
+def test_the_benchmark_refuses_an_alignment_fraction_outside_0_1_or_alignment_flags_without_alignment() -> None:
     parse = _benchmark_module()["parse"]
     threads = torch.get_num_threads()
     try:
-        assert parse(["--align-until", "0.25"]).align_until == 0.25
+        assert parse(["--align", "forward", "--align-until", "0.25"]).align_until == 0.25
+        assert parse(["--align", "forward"]).encoder == "global"
         for bad in ("0", "1.5", "-0.1"):
             with pytest.raises(SystemExit):
-                parse(["--align-until", bad])
+                parse(["--align", "forward", "--align-until", bad])
+        for ignored in (["--align-until", "0.5"], ["--encoder", "local"]):  # no alignment: refused, not ignored
+            with pytest.raises(SystemExit):
+                parse(ignored)
     finally:
         torch.set_num_threads(threads)
